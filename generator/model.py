@@ -1,0 +1,186 @@
+"""A merged model file, validated against settings.SETTINGS, as a typed Model."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from .engines import ENGINE_SPECS
+from .errors import ConfigError
+from .loader import MergedConfig
+from .settings import (BUILTIN_IGNORE, BY_KEY, FIXED_TABLES, is_pci, scalar_text)
+
+Gpus = list[str | int] | str   # "all" or a list of selectors
+
+
+@dataclass(frozen=True)
+class Model:
+    name: str                       # unit name without .service
+    main_path: str
+    sources: tuple[str, ...]
+    engine: str
+    model: str | None
+    gpus: Gpus | None
+    port: int | None
+    host: str
+    tensor_parallel: int | None
+    args: tuple[str, ...]
+    command: tuple[str, ...] | None
+    python: str
+    executable: str | None
+    user: str | None
+    description: str | None
+    env: dict[str, str]
+    nccl_p2p: str
+    nccl_env: dict[str, str]
+    reap_foreign: str
+    reap_term_grace: float
+    reap_timeout: float
+    reap_ignore: tuple[str, ...]
+    ready_url: str | None
+    ready_timeout: float
+    ready_interval: float
+    unit_directives: dict[str, list[str]]
+    service_directives: dict[str, list[str]]
+    install_directives: dict[str, list[str]]
+
+    @property
+    def unit_name(self) -> str:
+        return f"{self.name}.service"
+
+    def gpu_selector(self) -> str | None:
+        """The --gpus argument the helpers take: "0,1", "GPU-..,GPU-..", "all"."""
+        if self.gpus is None:
+            return None
+        if self.gpus == "all":
+            return "all"
+        return ",".join(str(g) for g in self.gpus)
+
+
+def _flatten(data: dict[str, Any], merged: MergedConfig) -> dict[str, Any]:
+    """Dotted keys for the fixed tables; free-form tables stay whole."""
+    flat: dict[str, Any] = {}
+    for key, value in data.items():
+        if key == "nccl":
+            if not isinstance(value, dict):
+                raise ConfigError(merged.file_of(key), key, "expected a table")
+            for sub, subvalue in value.items():
+                flat[f"nccl.{sub}"] = subvalue
+        elif key in FIXED_TABLES:
+            if not isinstance(value, dict):
+                raise ConfigError(merged.file_of(key), key, "expected a table")
+            for sub, subvalue in value.items():
+                dotted = f"{key}.{sub}"
+                if dotted not in BY_KEY:
+                    known = ", ".join(k.split(".", 1)[1] for k in BY_KEY if k.startswith(key + "."))
+                    raise ConfigError(merged.file_of(dotted), dotted,
+                                      f"unknown key (known in [{key}]: {known})")
+                flat[dotted] = subvalue
+        else:
+            flat[key] = value
+    return flat
+
+
+def _nccl_name(key: str) -> str:
+    if key.startswith("NCCL_"):
+        return key
+    return "NCCL_" + key.upper().replace("-", "_")
+
+
+def build_model(merged: MergedConfig) -> Model:
+    flat = _flatten(merged.data, merged)
+    values: dict[str, Any] = {}
+    nccl_env: dict[str, str] = {}
+    for key, raw in flat.items():
+        if key.startswith("nccl.") and key != "nccl.p2p":
+            try:
+                name = _nccl_name(key[5:])
+                nccl_env[name] = scalar_text(raw, key)
+            except ValueError as e:
+                raise ConfigError(merged.file_of(key), key, str(e)) from None
+            continue
+        setting = BY_KEY.get(key)
+        if setting is None:
+            raise ConfigError(merged.file_of(key), key, "unknown key")
+        try:
+            values[key] = setting.check(raw)
+        except ValueError as e:
+            raise ConfigError(merged.file_of(key), key, str(e)) from None
+    for key, setting in BY_KEY.items():
+        values.setdefault(key, setting.default)
+    _cross_check(values, merged)
+    return Model(
+        name=merged.name,
+        main_path=merged.main_path,
+        sources=tuple(merged.sources),
+        engine=values["engine"],
+        model=values["model"],
+        gpus=values["gpus"],
+        port=values["port"],
+        host=values["host"],
+        tensor_parallel=values["tensor-parallel"],
+        args=tuple(values["args"]),
+        command=tuple(values["command"]) if values["command"] is not None else None,
+        python=values["python"],
+        executable=values["executable"],
+        user=values["user"],
+        description=values["description"],
+        env=values["env"],
+        nccl_p2p=values["nccl.p2p"],
+        nccl_env=nccl_env,
+        reap_foreign=values["reap.foreign"],
+        reap_term_grace=values["reap.term-grace"],
+        reap_timeout=values["reap.timeout"],
+        reap_ignore=tuple(dict.fromkeys(BUILTIN_IGNORE + tuple(values["reap.ignore"]))),
+        ready_url=values["ready.url"],
+        ready_timeout=values["ready.timeout"],
+        ready_interval=values["ready.interval"],
+        unit_directives=values["unit"],
+        service_directives=values["service"],
+        install_directives=values["install"],
+    )
+
+
+def _cross_check(v: dict[str, Any], merged: MergedConfig) -> None:
+    def fail(key: str, reason: str) -> None:
+        raise ConfigError(merged.file_of(key), key, reason)
+
+    engine = v["engine"]
+    if engine is None:
+        fail("engine", "required (one of: " + ", ".join(ENGINE_SPECS) + ")")
+    spec = ENGINE_SPECS[engine]
+    if engine == "command":
+        if v["command"] is None:
+            fail("command", 'required with engine = "command"')
+        if v["model"] is not None:
+            fail("model", 'not used with engine = "command" (put it in command)')
+    else:
+        if v["command"] is not None:
+            fail("command", f'only for engine = "command" (engine is "{engine}"; use args)')
+        if v["model"] is None:
+            fail("model", f'required with engine = "{engine}"')
+        if v["port"] is None:
+            fail("port", f'required with engine = "{engine}"')
+        if v["gpus"] is None:
+            fail("gpus", f'required with engine = "{engine}"')
+    if v["executable"] is not None and not spec.uses_executable:
+        fail("executable", f'not used with engine = "{engine}"'
+             + (" (set python)" if spec.module else ""))
+    tp = v["tensor-parallel"]
+    gpus = v["gpus"]
+    if tp is not None and not spec.tp_flag:
+        fail("tensor-parallel", f'{engine} has no tensor-parallel flag; it uses every GPU given')
+    if isinstance(gpus, list) and tp is not None and tp > len(gpus):
+        fail("tensor-parallel", f"{tp} is more than the {len(gpus)} GPUs in gpus")
+    if gpus == "all" and tp is None and spec.tp_flag:
+        fail("tensor-parallel", 'required with gpus = "all" (the GPU count is only known at start)')
+    if isinstance(gpus, list):
+        kinds = {("pci" if isinstance(g, str) and is_pci(g) else
+                  "uuid" if isinstance(g, str) else "index") for g in gpus}
+        if len(kinds) > 1:
+            fail("gpus", "mixes indexes, UUIDs and PCI bus ids; use one kind")
+    if v["ready.url"] is not None and not v["ready.url"].startswith(("http://", "https://")):
+        fail("ready.url", "must start with http:// or https://")
+    for key in v["install"]:
+        if key not in ("WantedBy", "RequiredBy", "UpheldBy"):
+            fail(f"install.{key}", "generated units only support WantedBy, RequiredBy, UpheldBy")

@@ -1,0 +1,182 @@
+"""A validated Model becomes the text of its .service file and its .wants links."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from .. import __version__
+from ..units.compiled import TEMPLATES
+from .durations import format_seconds
+from .engines import ENGINE_SPECS
+from .model import Model
+from .settings import BUILTIN_IGNORE, is_pci
+from .systemd_quote import environment_assignment, exec_line, exec_word, plain_value
+
+# The CLI the hooks call; the .deb installs it here.  Tests that run units
+# outside the package point it elsewhere.
+HOOK_CLI = os.environ.get("INFER_UNITS_HOOK_CLI", "/usr/bin/infer-units")
+ENV_FILE_DIR = "/run/infer-units"
+# Headroom in TimeoutStartSec beyond the sum of the hooks' own timeouts.
+START_MARGIN_S = 30.0
+P2P_ALLOWANCE_S = 120.0
+
+_INSTALL_DIRS = {"WantedBy": ".wants", "RequiredBy": ".requires", "UpheldBy": ".upholds"}
+
+
+@dataclass(frozen=True)
+class RenderedUnit:
+    name: str                         # "sglang-qwen.service"
+    text: str
+    links: tuple[str, ...]            # "multi-user.target.wants" directories to link from
+
+
+def fill(template: str, values: dict[str, str]) -> str:
+    lines = []
+    for line in TEMPLATES[template]:
+        # A line that is only one placeholder is an optional block: gone when empty.
+        if line.startswith("{") and line.endswith("}") and line.count("{") == 1:
+            key = line[1:-1]
+            if key.isidentifier() and not values[key]:
+                continue
+        lines.append(line.format_map(values))
+    return "\n".join(lines) + "\n"
+
+
+def _health_url(m: Model) -> str | None:
+    if m.ready_url is not None:
+        return m.ready_url
+    path = ENGINE_SPECS[m.engine].health_path
+    if m.port is None or path is None:
+        return None
+    host = m.host
+    if host in ("0.0.0.0", ""):
+        host = "127.0.0.1"
+    elif host == "::":
+        host = "::1"
+    if ":" in host and not host.startswith("["):
+        host = f"[{host}]"
+    return f"http://{host}:{m.port}{path}"
+
+
+def _engine_argv(m: Model) -> str:
+    spec = ENGINE_SPECS[m.engine]
+    if m.engine == "command":
+        assert m.command is not None
+        return exec_line(list(m.command) + list(m.args))
+    tp = m.tensor_parallel
+    if tp is None and isinstance(m.gpus, list):
+        tp = len(m.gpus)
+    model = m.model or ""
+    looks_local = model.startswith(("/", ".")) or model.endswith(".gguf")
+    values = {
+        "python": exec_word(m.python),
+        "executable": exec_word(m.executable or spec.default_executable or ""),
+        "model": exec_word(model),
+        "model_flag": "--model" if looks_local else "--hf-repo",
+        "tensor_parallel": exec_word(str(tp)),
+        "host": exec_word(m.host),
+        "port": exec_word(str(m.port)),
+    }
+    argv = fill("engines/" + m.engine, values).strip()
+    if m.args:
+        argv += " " + exec_line(m.args)
+    return argv
+
+
+def _environment(m: Model) -> list[str]:
+    env: dict[str, str] = {}
+    if isinstance(m.gpus, list) and not any(isinstance(g, str) and is_pci(g) for g in m.gpus):
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in m.gpus)
+    if m.nccl_p2p == "off":
+        env["NCCL_P2P_DISABLE"] = "1"
+    env.update(m.nccl_env)
+    env.update(m.env)
+    return [f"Environment={environment_assignment(k, v)}" for k, v in env.items()]
+
+
+def _hook(*argv: str) -> str:
+    return exec_line([HOOK_CLI, *argv])
+
+
+def _exec_start_pre(m: Model) -> list[str]:
+    lines = []
+    env_file = f"{ENV_FILE_DIR}/{m.name}.env"
+    selector = m.gpu_selector()
+    if selector is not None:
+        reap = ["reap", "--gpus", selector, "--unit", m.unit_name,
+                "--foreign", m.reap_foreign,
+                "--term-grace", format_seconds(m.reap_term_grace),
+                "--timeout", format_seconds(m.reap_timeout)]
+        for name in m.reap_ignore:
+            if name not in BUILTIN_IGNORE:   # the CLI always spares those
+                reap += ["--ignore", name]
+        if isinstance(m.gpus, list) and any(isinstance(g, str) and is_pci(g) for g in m.gpus):
+            # CUDA takes no PCI ids: the hook resolves them to UUIDs at start.
+            reap += ["--env-file", env_file]
+        lines.append("ExecStartPre=+" + _hook(*reap))
+    if m.port is not None:
+        lines.append("ExecStartPre=+" + _hook(
+            "wait-port", "--host", m.host, "--port", str(m.port),
+            "--timeout", format_seconds(m.reap_timeout)))
+    if m.nccl_p2p == "auto" and selector is not None:
+        p2p = ["p2p-check", "--gpus", selector, "--env-file", env_file]
+        if ENGINE_SPECS[m.engine].module:
+            p2p += ["--python", m.python]
+        lines.append("ExecStartPre=+" + _hook(*p2p))
+    return lines
+
+
+def _timeout_start(m: Model) -> float:
+    total = m.reap_term_grace + 2 * m.reap_timeout + START_MARGIN_S
+    if _health_url(m) is not None:
+        total += m.ready_timeout
+    if m.nccl_p2p == "auto":
+        total += P2P_ALLOWANCE_S
+    return total
+
+
+def _directives(directives: dict[str, list[str]]) -> list[str]:
+    return [f"{key}={value}" for key, values in directives.items() for value in values]
+
+
+def _description(m: Model) -> str:
+    if m.description:
+        return m.description
+    what = " ".join(m.command) if m.command else f"{m.engine} {m.model}"
+    gpus = m.gpu_selector()
+    return f"{what}" + (f" on GPUs {gpus}" if gpus else "") + \
+        (f", port {m.port}" if m.port else "") + " (infer-units)"
+
+
+def render(m: Model) -> RenderedUnit:
+    url = _health_url(m)
+    post = []
+    if url is not None:
+        post.append("ExecStartPost=" + _hook(
+            "wait-ready", "--url", url, "--timeout", format_seconds(m.ready_timeout),
+            "--interval", format_seconds(m.ready_interval)) + " --pid $MAINPID")
+    selector = m.gpu_selector()
+    stop_post = (_hook("wait-free", "--gpus", selector, "--unit", m.unit_name,
+                       "--timeout", format_seconds(m.reap_timeout)) +
+                 " --result $SERVICE_RESULT") if selector else ""
+    values = {
+        "version": __version__,
+        "sources": " ".join(m.sources),
+        "description": plain_value(_description(m)),
+        "source_path": m.main_path,
+        "unit_directives": "\n".join(_directives(m.unit_directives)),
+        "user": f"User={m.user}" if m.user else "",
+        "name": m.name,
+        "environment": "\n".join(_environment(m)),
+        "exec_start_pre": "\n".join(_exec_start_pre(m)),
+        "exec_start": _engine_argv(m),
+        "exec_start_post": "\n".join(post),
+        "exec_stop_post": f"ExecStopPost=+{stop_post}" if stop_post else "",
+        "timeout_start": format_seconds(_timeout_start(m)),
+        "service_directives": "\n".join(_directives(m.service_directives)),
+    }
+    text = fill("service", values)
+    links = tuple(f"{target}{_INSTALL_DIRS[key]}"
+                  for key, targets in m.install_directives.items() for target in targets)
+    return RenderedUnit(name=m.unit_name, text=text, links=links)

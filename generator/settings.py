@@ -1,0 +1,250 @@
+"""Every model-file key, declared once: name, type, default and help.
+
+The table drives parsing and validation (model.py), the defaults, and the key
+reference in the README (`python3 -m infer_units.generator.settings` prints it).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from .durations import parse_duration
+
+ENGINES = ("sglang", "vllm", "trtllm", "tgi", "llamacpp", "command")
+
+# Processes every reaper must leave alone; [reap] ignore adds to these.
+BUILTIN_IGNORE = ("nvidia-persistenced", "nv-hostengine", "dcgm-exporter")
+
+_PCI_RE = re.compile(r"^(?:[0-9a-fA-F]{4,8}:)?[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7]$")
+_UUID_RE = re.compile(r"^(?:GPU|MIG)-[0-9a-fA-F-]{8,}$")
+_ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_DIRECTIVE_RE = re.compile(r"^[A-Z][A-Za-z0-9]*$")
+
+
+def _no_nul(value: str) -> str:
+    if "\0" in value:
+        raise ValueError("contains a NUL character, which no argv or environment can carry")
+    return value
+
+
+def check_str(value: Any) -> str:
+    if not isinstance(value, str):
+        raise ValueError(f"expected a string, got {type(value).__name__}")
+    return _no_nul(value)
+
+
+def check_nonempty_str(value: Any) -> str:
+    value = check_str(value)
+    if not value:
+        raise ValueError("must not be empty")
+    return value
+
+
+def check_int(value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"expected an integer, got {type(value).__name__}")
+    return value
+
+
+def check_port(value: Any) -> int:
+    value = check_int(value)
+    if not 1 <= value <= 65535:
+        raise ValueError(f"port {value} is outside 1..65535")
+    return value
+
+
+def check_positive_int(value: Any) -> int:
+    value = check_int(value)
+    if value < 1:
+        raise ValueError(f"must be at least 1, got {value}")
+    return value
+
+
+def check_str_list(value: Any) -> list[str]:
+    if not isinstance(value, list):
+        raise ValueError(f"expected an array of strings, got {type(value).__name__}")
+    for i, item in enumerate(value):
+        if not isinstance(item, str):
+            raise ValueError(f"item {i} is {type(item).__name__}, expected a string")
+        _no_nul(item)
+    return list(value)
+
+
+def check_argv(value: Any) -> list[str]:
+    value = check_str_list(value)
+    if not value:
+        raise ValueError("must name at least the program to run")
+    if not value[0]:
+        raise ValueError("the program (first item) must not be empty")
+    return value
+
+
+def check_duration(value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, (str, int, float)):
+        raise ValueError(f"expected a time span like \"10s\", got {type(value).__name__}")
+    return parse_duration(value)
+
+
+def check_gpus(value: Any) -> list[str | int] | str:
+    """ints (PCI-bus order index), "GPU-<uuid>", PCI bus ids, or "all"."""
+    if value == "all":
+        return "all"
+    if not isinstance(value, list):
+        raise ValueError('expected an array of GPU indexes, UUIDs or PCI bus ids, or "all"')
+    if not value:
+        raise ValueError("names no GPU")
+    seen: set[str] = set()
+    out: list[str | int] = []
+    for i, item in enumerate(value):
+        if isinstance(item, bool):
+            raise ValueError(f"item {i} is a boolean")
+        if isinstance(item, int):
+            if item < 0:
+                raise ValueError(f"item {i}: GPU index {item} is negative")
+        elif isinstance(item, str):
+            if not (_UUID_RE.match(item) or _PCI_RE.match(item)):
+                raise ValueError(
+                    f"item {i}: {item!r} is neither a GPU index, a GPU-<uuid> nor a PCI bus id")
+            if _PCI_RE.match(item):
+                item = normalize_pci(item)
+        else:
+            raise ValueError(f"item {i} is {type(item).__name__}")
+        key = str(item).lower()
+        if key in seen:
+            raise ValueError(f"GPU {item} is listed twice")
+        seen.add(key)
+        out.append(item)
+    return out
+
+
+def normalize_pci(bus_id: str) -> str:
+    """"41:00.0" and "00000000:41:00.0" both become "0000:41:00.0"."""
+    bus_id = bus_id.lower()
+    parts = bus_id.split(":")
+    if len(parts) == 2:
+        parts.insert(0, "0000")
+    parts[0] = parts[0][-4:].rjust(4, "0")
+    return ":".join(parts)
+
+
+def is_pci(selector: str) -> bool:
+    return bool(_PCI_RE.match(selector))
+
+
+def check_env_table(value: Any) -> dict[str, str]:
+    if not isinstance(value, dict):
+        raise ValueError("expected a table")
+    out: dict[str, str] = {}
+    for name, item in value.items():
+        if not _ENV_NAME_RE.match(name):
+            raise ValueError(f"{name!r} is not a valid environment variable name")
+        out[name] = scalar_text(item, name)
+    return out
+
+
+def scalar_text(item: Any, name: str) -> str:
+    if isinstance(item, bool):
+        return "1" if item else "0"
+    if isinstance(item, (int, float)):
+        return str(item)
+    if isinstance(item, str):
+        return _no_nul(item)
+    raise ValueError(f"{name}: expected a string, number or boolean, got {type(item).__name__}")
+
+
+def check_directives(value: Any) -> dict[str, list[str]]:
+    """Raw systemd directives; a list value repeats the directive."""
+    if not isinstance(value, dict):
+        raise ValueError("expected a table of systemd directives")
+    out: dict[str, list[str]] = {}
+    for name, item in value.items():
+        if not _DIRECTIVE_RE.match(name):
+            raise ValueError(f"{name!r} is not a systemd directive name (like TimeoutStopSec)")
+        items = item if isinstance(item, list) else [item]
+        texts = []
+        for element in items:
+            if isinstance(element, bool):
+                texts.append("yes" if element else "no")
+            elif isinstance(element, (int, float, str)):
+                text = str(element)
+                if "\n" in text or "\0" in text:
+                    raise ValueError(f"{name}: a directive value cannot span lines")
+                texts.append(text)
+            else:
+                raise ValueError(f"{name}: expected strings, numbers or booleans")
+        out[name] = texts
+    return out
+
+
+def check_choice(choices: tuple[str, ...]) -> Callable[[Any], str]:
+    def check(value: Any) -> str:
+        if value not in choices:
+            raise ValueError(f"{value!r} is not one of: {', '.join(choices)}")
+        return value
+    return check
+
+
+@dataclass(frozen=True)
+class Setting:
+    key: str                       # dotted: "reap.term-grace"
+    check: Callable[[Any], Any]    # validates and normalizes, ValueError with the reason
+    default: Any                   # None: unset unless the engine supplies it
+    help: str
+
+
+SETTINGS: tuple[Setting, ...] = (
+    Setting("engine", check_choice(ENGINES), None,
+            "Server to run: " + " | ".join(ENGINES) + ". Required."),
+    Setting("model", check_nonempty_str, None,
+            "Model path or hub id (every engine but command)."),
+    Setting("gpus", check_gpus, None,
+            'GPUs: indexes (PCI-bus order, as nvidia-smi), "GPU-<uuid>", PCI bus ids, or "all".'),
+    Setting("port", check_port, None, "TCP port the server listens on."),
+    Setting("host", check_nonempty_str, "127.0.0.1", "Address the server binds."),
+    Setting("tensor-parallel", check_positive_int, None,
+            "Tensor-parallel size; default: the number of GPUs."),
+    Setting("args", check_str_list, [], "Extra argv for the server, passed verbatim."),
+    Setting("command", check_argv, None, "engine = \"command\": the whole argv."),
+    Setting("python", check_nonempty_str, "/usr/bin/python3",
+            "Interpreter for sglang, vllm and trtllm (`<python> -m <module>`)."),
+    Setting("executable", check_nonempty_str, None,
+            "Server binary for tgi and llamacpp (default: text-generation-launcher, llama-server)."),
+    Setting("user", check_nonempty_str, None, "User= the server runs as (hooks stay root)."),
+    Setting("description", check_nonempty_str, None, "Description= of the unit."),
+    Setting("env", check_env_table, {}, "Extra environment, verbatim, applied last."),
+    Setting("nccl.p2p", check_choice(("on", "off", "auto")), "on",
+            'on: NCCL decides; off: NCCL_P2P_DISABLE=1; auto: copy-and-compare self-test at start.'),
+    Setting("reap.foreign", check_choice(("kill", "wait", "fail")), "kill",
+            "What to do with processes of no infer-units service on this model's GPUs."),
+    Setting("reap.term-grace", check_duration, 10.0, "Time between SIGTERM and SIGKILL."),
+    Setting("reap.timeout", check_duration, 60.0,
+            "How long to wait for GPUs (and the port) to become free."),
+    Setting("reap.ignore", check_str_list, [],
+            "Process names never touched, added to: " + ", ".join(BUILTIN_IGNORE) + "."),
+    Setting("ready.url", check_nonempty_str, None, "Health URL; default: the engine's."),
+    Setting("ready.timeout", check_duration, 1200.0, "How long the server may take to load."),
+    Setting("ready.interval", check_duration, 1.0, "Time between health polls."),
+    Setting("unit", check_directives, {}, "Raw [Unit] directives."),
+    Setting("service", check_directives, {}, "Raw [Service] directives (they win over ours)."),
+    Setting("install", check_directives, {},
+            "[Install]: WantedBy=/RequiredBy= become .wants/.requires links."),
+)
+
+BY_KEY: dict[str, Setting] = {s.key: s for s in SETTINGS}
+# Tables whose own keys are fixed (others are free-form: env, unit, service, install).
+FIXED_TABLES = ("reap", "ready")
+
+
+def reference_markdown() -> str:
+    lines = ["| key | default | meaning |", "| --- | --- | --- |"]
+    for s in SETTINGS:
+        default = "" if s.default in (None, [], {}) else repr(s.default)
+        lines.append(f"| `{s.key}` | {default} | {s.help} |")
+    lines.append("| `nccl.<name>` | | Any other NCCL variable: `socket-ifname` or `NCCL_SOCKET_IFNAME`. |")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    print(reference_markdown())

@@ -1,0 +1,1 @@
+"""Runtime helpers behind the unit's hooks and the `infer-units` CLI."""

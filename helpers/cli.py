@@ -1,0 +1,99 @@
+"""The `infer-units` command line.  Exit codes (DESIGN.md): 0 done/clean,
+1 usage or config error, 2 blocked, 3 timed out with holders left."""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Any
+
+import click
+
+from .exitcodes import BLOCKED, CLEAN, CONFIG_ERROR, TIMED_OUT
+
+
+def _duration(value: str, name: str) -> float:
+    from ..generator.durations import parse_duration
+    try:
+        return parse_duration(value)
+    except ValueError as e:
+        raise click.BadParameter(str(e), param_hint=name) from None
+
+
+class _Group(click.Group):
+    """click's usage errors exit 2, which here means "blocked": make them 1."""
+
+    def main(self, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return super().main(*args, standalone_mode=False, **kwargs)
+        except click.UsageError as e:
+            e.show()
+            sys.exit(CONFIG_ERROR)
+        except click.exceptions.Exit as e:
+            sys.exit(e.exit_code)
+        except click.Abort:
+            sys.exit(CONFIG_ERROR)
+
+
+@click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name=None, version=__import__("infer_units").__version__)
+def main() -> None:
+    """Systemd services for multi-GPU inference servers that clean their GPUs."""
+
+
+# ---------------------------------------------------------------- generator views
+
+@main.command()
+@click.argument("names", nargs=-1)
+@click.option("--output", type=click.Path(file_okay=False), help="Write units here instead of stdout.")
+def render(names: tuple[str, ...], output: str | None) -> None:
+    """Print (or write) what the generator would write."""
+    from ..generator.build import load_all
+    from ..generator.main import write_unit
+    from ..generator.render import render as render_unit
+
+    loaded = load_all(list(names))
+    for error in loaded.errors:
+        click.echo(f"error: {error}", err=True)
+    for conflict in loaded.conflicts:
+        click.echo(f"error: {conflict}", err=True)
+    missing = {n.removesuffix(".service") for n in names} - {m.name for m in loaded.models}
+    missing -= {e.path.rsplit("/", 1)[-1].removesuffix(".toml") for e in loaded.errors}
+    for name in sorted(missing):
+        click.echo(f"error: no model file named {name}.toml on the search path", err=True)
+    if output:
+        os.makedirs(output, exist_ok=True)
+    for model in loaded.models:
+        unit = render_unit(model)
+        if output:
+            write_unit(output, unit)
+            click.echo(os.path.join(output, unit.name))
+        else:
+            click.echo(f"# {unit.name}" + (f" (linked from {', '.join(unit.links)})" if unit.links else ""))
+            click.echo(unit.text)
+    if loaded.errors or missing:
+        sys.exit(CONFIG_ERROR)
+
+
+@main.command()
+@click.argument("names", nargs=-1)
+def check(names: tuple[str, ...]) -> None:
+    """Validate model files, GPU and port overlaps; exit 1 on any error."""
+    from ..generator.build import load_all
+    from ..generator.render import render as render_unit
+
+    loaded = load_all(list(names))
+    problems = [*loaded.errors, *loaded.conflicts]
+    for problem in problems:
+        click.echo(f"error: {problem}", err=True)
+    for model in loaded.models:
+        render_unit(model)
+        click.echo(f"ok: {model.main_path} -> {model.unit_name}")
+    if not loaded.models and not problems:
+        click.echo("no model files on the search path", err=True)
+    sys.exit(CONFIG_ERROR if problems else CLEAN)
+
+
+from . import cli_gpu  # noqa: E402,F401  (registers the GPU commands on `main`)
+
+__all__ = ["main", "BLOCKED", "TIMED_OUT", "_duration"]

@@ -1,0 +1,99 @@
+"""Per-unit counters for Prometheus' node_exporter textfile collector.
+
+State lives in $INFER_UNITS_STATE_DIR (default /run/infer-units/state), one
+JSON file per unit.  When INFER_UNITS_METRICS_DIR is set (e.g. in a host-wide
+defaults.toml.d drop-in's [env], or the hook's environment), every update also
+rewrites <dir>/infer-units.prom atomically (write, then rename).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from typing import Any
+
+STATE_DIR = os.environ.get("INFER_UNITS_STATE_DIR", "/run/infer-units/state")
+
+
+def _state_path(unit: str) -> str:
+    return os.path.join(STATE_DIR, unit.replace("/", "_") + ".json")
+
+
+def load_state(unit: str) -> dict[str, Any]:
+    try:
+        with open(_state_path(unit), encoding="utf-8") as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return {}
+
+
+def _update(unit: str | None, change: dict[str, Any], add: dict[str, float]) -> None:
+    if not unit:
+        return
+    try:
+        state = load_state(unit)
+        for key, value in add.items():
+            state[key] = state.get(key, 0) + value
+        state.update(change)
+        state["updated"] = time.time()
+        os.makedirs(STATE_DIR, exist_ok=True)
+        tmp = _state_path(unit) + ".tmp"
+        with open(tmp, "w", encoding="utf-8") as f:
+            json.dump(state, f)
+        os.replace(tmp, _state_path(unit))
+        write_textfile()
+    except OSError as e:
+        # Metrics must never fail a start or a stop.
+        print(f"infer-units: metrics not written: {e}", flush=True)
+
+
+def record_reap(unit: str | None, result: Any) -> None:
+    killed = {a.pid for a in result.actions}
+    _update(unit, {"last_reap_seconds": result.seconds, "last_reap_exit": result.exit_code},
+            {"reaps_total": 1, "processes_killed_total": len(killed)})
+
+
+def record_free(unit: str | None, result: Any) -> None:
+    _update(unit, {"last_free_seconds": result.seconds, "last_free_exit": result.exit_code}, {})
+
+
+def record_p2p(name: str, verdict: Any) -> None:
+    _update(f"{name}.service", {"p2p_ok": 1 if verdict.ok else 0, "p2p_reason": verdict.reason},
+            {})
+
+
+_METRICS = (
+    ("reaps_total", "counter", "Reaps run by the start hook."),
+    ("processes_killed_total", "counter", "Processes signalled by the reaper."),
+    ("last_reap_seconds", "gauge", "Seconds the last reap took until the GPUs were free."),
+    ("last_free_seconds", "gauge", "Seconds after stop until the GPUs were free."),
+    ("p2p_ok", "gauge", "1 if the last P2P self-test passed, 0 if P2P was disabled."),
+)
+
+
+def render_textfile() -> str:
+    try:
+        names = sorted(n for n in os.listdir(STATE_DIR) if n.endswith(".json"))
+    except OSError:
+        names = []
+    states = [(n[:-5], load_state(n[:-5])) for n in names]
+    lines = []
+    for key, kind, help_text in _METRICS:
+        lines.append(f"# HELP infer_units_{key} {help_text}")
+        lines.append(f"# TYPE infer_units_{key} {kind}")
+        for unit, state in states:
+            if key in state:
+                lines.append(f'infer_units_{key}{{unit="{unit}"}} {float(state[key]):g}')
+    return "\n".join(lines) + "\n"
+
+
+def write_textfile() -> None:
+    directory = os.environ.get("INFER_UNITS_METRICS_DIR")
+    if not directory:
+        return
+    target = os.path.join(directory, "infer-units.prom")
+    tmp = target + f".{os.getpid()}.tmp"
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.write(render_textfile())
+    os.replace(tmp, target)

@@ -1,0 +1,74 @@
+"""Waiting for processes to exit on pidfds: no fixed sleeps, no pid reuse races."""
+
+from __future__ import annotations
+
+import os
+import select
+import time
+
+from .procinfo import ProcInfo, read_stat
+
+
+class PidSet:
+    """pidfds for a set of processes, opened while they are known to be the
+    processes we looked at (same start time), so a recycled pid is never signalled."""
+
+    def __init__(self) -> None:
+        self.fds: dict[int, int] = {}      # pid -> pidfd
+
+    def add(self, info: ProcInfo) -> bool:
+        if info.pid in self.fds:
+            return True
+        try:
+            fd = os.pidfd_open(info.pid)
+        except ProcessLookupError:
+            return False
+        stat = read_stat(info.pid)
+        if stat is None or stat[2] != info.start_time:
+            os.close(fd)
+            return False
+        self.fds[info.pid] = fd
+        return True
+
+    def signal(self, pid: int, signum: int) -> bool:
+        try:
+            import signal as _signal
+            _signal.pidfd_send_signal(self.fds[pid], signum)
+            return True
+        except ProcessLookupError:
+            return False
+
+    def alive(self) -> list[int]:
+        return sorted(self.fds)
+
+    def wait(self, deadline: float) -> list[int]:
+        """Block until every process has exited or `deadline` (monotonic) passes;
+        returns the pids still alive."""
+        poller = select.poll()
+        by_fd = {}
+        for pid, fd in self.fds.items():
+            poller.register(fd, select.POLLIN)
+            by_fd[fd] = pid
+        while by_fd:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                break
+            for fd, _event in poller.poll(max(1, int(remaining * 1000 + 0.999))):
+                poller.unregister(fd)
+                self._forget(by_fd.pop(fd))
+        return self.alive()
+
+    def _forget(self, pid: int) -> None:
+        fd = self.fds.pop(pid, None)
+        if fd is not None:
+            os.close(fd)
+
+    def close(self) -> None:
+        for pid in list(self.fds):
+            self._forget(pid)
+
+    def __enter__(self) -> "PidSet":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

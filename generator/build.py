@@ -3,23 +3,22 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
 from .conflicts import find_conflicts
 from .errors import ConfigError
-from .loader import discover, load_model, search_path
+from .loader import discover, forget_cache, load_model, search_path
 from .model import Model, build_model
 
 
-@dataclass
 class Loaded:
-    models: list[Model] = field(default_factory=list)
-    errors: list[ConfigError] = field(default_factory=list)     # per-file: no unit
-    conflicts: list[ConfigError] = field(default_factory=list)  # across files
+    def __init__(self, errors: list[ConfigError]) -> None:
+        self.models: list[Model] = []
+        self.errors = errors                          # per file: no unit
+        self.conflicts: list[ConfigError] = []        # across files
 
 
 def load_all(names: list[str] | None = None, dirs: list[str] | None = None) -> Loaded:
     dirs = search_path() if dirs is None else dirs
+    forget_cache()
     found, errors = discover(dirs)
     loaded = Loaded(errors=errors)
     for name, path in found.items():

@@ -5,41 +5,44 @@ from __future__ import annotations
 from .errors import ConfigError
 from .model import Model
 
-
-def _gpu_keys(m: Model) -> set[str] | None:
-    """Comparable GPU names; None for "all" (overlaps everything)."""
-    if m.gpus is None:
-        return set()
-    if m.gpus == "all":
-        return None
-    return {str(g).lower() for g in m.gpus}
+_WILDCARD_HOSTS = ("0.0.0.0", "::", "")
 
 
 def find_conflicts(models: list[Model]) -> list[ConfigError]:
-    """One error per clashing pair, reported against the later model's file.
+    """One error per clash, reported against the later model's file (by name).
 
     Selectors of different kinds (index vs UUID) can only be compared once the
     driver is up; the start-time reaper refuses to touch another service's
     processes (exit 2) whatever the files say.
     """
     errors: list[ConfigError] = []
-    ordered = sorted(models, key=lambda m: m.name)
-    for i, a in enumerate(ordered):
-        for b in ordered[i + 1:]:
-            ga, gb = _gpu_keys(a), _gpu_keys(b)
-            if (ga is None and gb != set()) or (gb is None and ga != set()):
-                shared = "all"
-            else:
-                shared = ",".join(sorted((ga or set()) & (gb or set())))
-            if shared:
-                errors.append(ConfigError(b.main_path, "gpus",
-                                          f"GPU {shared} also used by {a.name} ({a.main_path})"))
-            if a.port is not None and a.port == b.port and _same_address(a.host, b.host):
-                errors.append(ConfigError(b.main_path, "port",
-                                          f"port {b.port} also used by {a.name} ({a.main_path})"))
+    gpu_owner: dict[str, Model] = {}
+    all_owner: Model | None = None
+    port_owners: dict[int, list[Model]] = {}
+    for m in sorted(models, key=lambda m: m.name):
+        if m.gpus == "all":
+            others = ([all_owner] if all_owner else []) + list(dict.fromkeys(gpu_owner.values()))
+            for other in others:
+                errors.append(_clash(m, "gpus", f"GPU all overlaps {other.name}'s GPUs", other))
+            all_owner = all_owner or m
+        elif m.gpus:
+            keys = [str(g).lower() for g in m.gpus]
+            if all_owner is not None:
+                errors.append(_clash(m, "gpus", 'GPUs overlap gpus = "all"', all_owner))
+            for key in keys:
+                other = gpu_owner.get(key)
+                if other is not None:
+                    errors.append(_clash(m, "gpus", f"GPU {key} also used", other))
+                else:
+                    gpu_owner[key] = m
+        if m.port is not None:
+            for other in port_owners.get(m.port, []):
+                if m.host == other.host or m.host in _WILDCARD_HOSTS or other.host in _WILDCARD_HOSTS:
+                    errors.append(_clash(m, "port", f"port {m.port} also used", other))
+                    break
+            port_owners.setdefault(m.port, []).append(m)
     return errors
 
 
-def _same_address(a: str, b: str) -> bool:
-    wildcard = ("0.0.0.0", "::", "")
-    return a == b or a in wildcard or b in wildcard
+def _clash(m: Model, key: str, what: str, other: Model) -> ConfigError:
+    return ConfigError(m.main_path, key, f"{what} by {other.name} ({other.main_path})")

@@ -3,15 +3,16 @@ templates units/engines/<engine>.j2; this table holds what the code decides on."
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 
-
-@dataclass(frozen=True)
 class EngineSpec:
-    module: str | None             # python engines start as `<python> -m <module>`
-    default_executable: str | None # binary engines (resolved by systemd's search path)
-    tp_flag: bool                  # whether the server takes a tensor-parallel size
-    health_path: str | None        # default readiness endpoint
+    __slots__ = ("module", "default_executable", "tp_flag", "health_path")
+
+    def __init__(self, module: str | None, default_executable: str | None, tp_flag: bool,
+                 health_path: str | None) -> None:
+        self.module = module                      # python engines: `<python> -m <module>`
+        self.default_executable = default_executable  # binary engines (systemd's search path)
+        self.tp_flag = tp_flag                    # the server takes a tensor-parallel size
+        self.health_path = health_path            # default readiness endpoint
 
     @property
     def uses_executable(self) -> bool:

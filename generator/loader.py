@@ -10,12 +10,13 @@ arrays replace.
 from __future__ import annotations
 
 import os
-import re
-import tomllib
-from dataclasses import dataclass, field
-from typing import Any
 
+from . import fasttoml
 from .errors import ConfigError
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
 
 DEFAULT_SEARCH_PATH = (
     "/run/infer-units",
@@ -24,7 +25,7 @@ DEFAULT_SEARCH_PATH = (
     "/usr/lib/infer-units",
 )
 DEFAULTS_NAME = "defaults"
-_NAME_RE = re.compile(r"^[A-Za-z0-9_.:-]+$")
+_NAME_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_.:-")
 
 
 def search_path() -> list[str]:
@@ -34,13 +35,13 @@ def search_path() -> list[str]:
     return list(DEFAULT_SEARCH_PATH)
 
 
-@dataclass
 class MergedConfig:
-    name: str
-    main_path: str                                  # the model file itself
-    sources: list[str]                              # every file applied, in order
-    data: dict[str, Any]
-    origin: dict[str, str] = field(default_factory=dict)  # dotted key -> file that set it
+    def __init__(self, name: str, main_path: str) -> None:
+        self.name = name
+        self.main_path = main_path            # the model file itself
+        self.sources: list[str] = []          # every file applied, in order
+        self.data: dict[str, Any] = {}
+        self.origin: dict[str, str] = {}      # dotted key -> file that set it
 
     def file_of(self, key: str) -> str:
         """The file a (possibly nested) key came from, for error messages."""
@@ -61,23 +62,51 @@ def _is_masked(path: str) -> bool:
         return False
 
 
+_listings: dict[str, list[str]] = {}   # each directory is listed once per run
+
+
 def _list_dir(directory: str) -> list[str]:
-    try:
-        return os.listdir(directory)
-    except (FileNotFoundError, NotADirectoryError, PermissionError):
-        return []
+    if directory not in _listings:
+        try:
+            _listings[directory] = os.listdir(directory)
+        except (FileNotFoundError, NotADirectoryError, PermissionError):
+            _listings[directory] = []
+    return _listings[directory]
+
+
+def forget_cache() -> None:
+    """Drop what this process read (for long-lived callers and tests)."""
+    _listings.clear()
+    _parsed.clear()
+
+
+_parsed: dict[str, dict[str, Any]] = {}   # host-wide drop-ins are read once per run
 
 
 def _read_toml(path: str) -> dict[str, Any]:
+    if path in _parsed:
+        return _parsed[path]
     try:
         with open(path, "rb") as f:
-            return tomllib.load(f)
-    except tomllib.TOMLDecodeError as e:
-        raise ConfigError(path, None, f"invalid TOML: {e}") from None
-    except UnicodeDecodeError as e:
-        raise ConfigError(path, None, f"not UTF-8: {e}") from None
+            data = f.read()
     except OSError as e:
         raise ConfigError(path, None, f"cannot read: {e.strerror}") from None
+    try:
+        _parsed[path] = fasttoml.loads(data)
+    except fasttoml.Unsupported:
+        _parsed[path] = _tomllib_loads(path, data)
+    return _parsed[path]
+
+
+def _tomllib_loads(path: str, data: bytes) -> dict[str, Any]:
+    """The full parser, for what fasttoml leaves to it, and for its error messages."""
+    import tomllib
+    try:
+        return tomllib.loads(data.decode("utf-8"))
+    except UnicodeDecodeError as e:
+        raise ConfigError(path, None, f"not UTF-8: {e}") from None
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(path, None, f"invalid TOML: {e}") from None
 
 
 def _merge(dst: dict[str, Any], src: dict[str, Any], path: str,
@@ -106,6 +135,8 @@ def _drop_ins(dirs: list[str], subdir: str) -> list[str]:
     """Drop-in paths for `subdir` (e.g. "x.toml.d"), higher directories winning by file name."""
     chosen: dict[str, str] = {}
     for directory in dirs:
+        if subdir not in _list_dir(directory):
+            continue
         full = os.path.join(directory, subdir)
         for entry in _list_dir(full):
             if entry.endswith(".toml") and entry not in chosen:
@@ -137,7 +168,7 @@ def discover(dirs: list[str] | None = None) -> tuple[dict[str, str], list[Config
             errors.append(ConfigError(path, None, f'"{DEFAULTS_NAME}" is reserved for '
                                       f"{DEFAULTS_NAME}.toml.d/ host-wide defaults"))
             continue
-        if not _NAME_RE.match(name) or len(name) > 240:
+        if not name or not _NAME_CHARS.issuperset(name) or len(name) > 240:
             errors.append(ConfigError(path, None, f"{name!r} is not a valid unit name "
                                       "(letters, digits, '_', '.', ':', '-')"))
             continue
@@ -147,7 +178,7 @@ def discover(dirs: list[str] | None = None) -> tuple[dict[str, str], list[Config
 
 def load_model(name: str, main_path: str, dirs: list[str] | None = None) -> MergedConfig:
     dirs = search_path() if dirs is None else dirs
-    merged = MergedConfig(name=name, main_path=main_path, sources=[], data={})
+    merged = MergedConfig(name, main_path)
     files = (_drop_ins(dirs, f"{DEFAULTS_NAME}.toml.d") + [main_path]
              + _drop_ins(dirs, f"{name}.toml.d"))
     for path in files:

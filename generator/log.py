@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import TextIO
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import TextIO
 
 LEVELS = {"emerg": 0, "alert": 1, "crit": 2, "err": 3, "warning": 4,
           "notice": 5, "info": 6, "debug": 7}

@@ -21,7 +21,8 @@ def write_unit(out_dir: str, unit: RenderedUnit) -> None:
         f.write(unit.text)
     for link_dir in unit.links:
         full = os.path.join(out_dir, link_dir)
-        os.makedirs(full, exist_ok=True)
+        if not os.path.isdir(full):
+            os.makedirs(full)
         link = os.path.join(full, unit.name)
         if os.path.lexists(link):
             os.unlink(link)

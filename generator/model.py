@@ -2,19 +2,21 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any
-
 from .engines import ENGINE_SPECS
 from .errors import ConfigError
 from .loader import MergedConfig
 from .settings import (BUILTIN_IGNORE, BY_KEY, FIXED_TABLES, is_pci, scalar_text)
 
-Gpus = list[str | int] | str   # "all" or a list of selectors
+TYPE_CHECKING = False   # typing/dataclasses are too slow to import here
+if TYPE_CHECKING:
+    from typing import Any
+
+    Gpus = list[str | int] | str   # "all" or a list of selectors
 
 
-@dataclass(frozen=True)
 class Model:
+    """One validated model; the attributes below are all it holds."""
+
     name: str                       # unit name without .service
     main_path: str
     sources: tuple[str, ...]
@@ -43,6 +45,12 @@ class Model:
     unit_directives: dict[str, list[str]]
     service_directives: dict[str, list[str]]
     install_directives: dict[str, list[str]]
+
+    def __init__(self, **fields: Any) -> None:
+        missing = set(self.__annotations__) - set(fields)
+        if missing:
+            raise TypeError(f"Model lacks {sorted(missing)}")
+        self.__dict__.update(fields)
 
     @property
     def unit_name(self) -> str:

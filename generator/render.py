@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
 
 from .. import __version__
 from ..units.compiled import TEMPLATES
@@ -24,11 +23,13 @@ P2P_ALLOWANCE_S = 120.0
 _INSTALL_DIRS = {"WantedBy": ".wants", "RequiredBy": ".requires", "UpheldBy": ".upholds"}
 
 
-@dataclass(frozen=True)
 class RenderedUnit:
-    name: str                         # "sglang-qwen.service"
-    text: str
-    links: tuple[str, ...]            # "multi-user.target.wants" directories to link from
+    __slots__ = ("name", "text", "links")
+
+    def __init__(self, name: str, text: str, links: tuple[str, ...]) -> None:
+        self.name = name      # "sglang-qwen.service"
+        self.text = text
+        self.links = links    # directories to link from: "multi-user.target.wants"
 
 
 def fill(template: str, values: dict[str, str]) -> str:

@@ -6,21 +6,56 @@ reference in the README (`python3 -m infer_units.generator.settings` prints it).
 
 from __future__ import annotations
 
-import re
-from dataclasses import dataclass
-from typing import Any, Callable
-
 from .durations import parse_duration
+
+# typing and dataclasses cost more than the generator's whole budget to import
+# (bench/generator_bench.py): names for the type checker only.
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any, Callable
 
 ENGINES = ("sglang", "vllm", "trtllm", "tgi", "llamacpp", "command")
 
 # Processes every reaper must leave alone; [reap] ignore adds to these.
 BUILTIN_IGNORE = ("nvidia-persistenced", "nv-hostengine", "dcgm-exporter")
 
-_PCI_RE = re.compile(r"^(?:[0-9a-fA-F]{4,8}:)?[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7]$")
-_UUID_RE = re.compile(r"^(?:GPU|MIG)-[0-9a-fA-F-]{8,}$")
-_ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-_DIRECTIVE_RE = re.compile(r"^[A-Z][A-Za-z0-9]*$")
+# Plain character sets, not regular expressions: `re` is not imported on the
+# generator's path.
+_HEX = frozenset("0123456789abcdefABCDEF")
+_LETTERS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz")
+_ENV_CHARS = _LETTERS | frozenset("0123456789_")
+_DIRECTIVE_CHARS = _LETTERS | frozenset("0123456789")
+
+
+def is_uuid(text: str) -> bool:
+    """GPU-<hex and dashes> or MIG-<...>, as nvidia-smi -L prints them."""
+    head, sep, rest = text.partition("-")
+    return (head in ("GPU", "MIG") and bool(sep) and len(rest) >= 8
+            and all(c in _HEX or c == "-" for c in rest))
+
+
+def is_pci(text: str) -> bool:
+    """[domain:]bus:device.function, e.g. 0000:41:00.0 or 41:00.0."""
+    parts = text.split(":")
+    if len(parts) == 3:
+        domain = parts.pop(0)
+        if not 4 <= len(domain) <= 8 or not _HEX.issuperset(domain):
+            return False
+    if len(parts) != 2:
+        return False
+    bus, rest = parts
+    device, dot, function = rest.partition(".")
+    return (len(bus) == 2 and _HEX.issuperset(bus) and len(device) == 2
+            and _HEX.issuperset(device) and dot == "." and function in "01234567"
+            and len(function) == 1)
+
+
+def _is_env_name(name: str) -> bool:
+    return bool(name) and _ENV_CHARS.issuperset(name) and not name[0].isdigit()
+
+
+def _is_directive(name: str) -> bool:
+    return bool(name) and _DIRECTIVE_CHARS.issuperset(name) and "A" <= name[0] <= "Z"
 
 
 def _no_nul(value: str) -> str:
@@ -104,10 +139,10 @@ def check_gpus(value: Any) -> list[str | int] | str:
             if item < 0:
                 raise ValueError(f"item {i}: GPU index {item} is negative")
         elif isinstance(item, str):
-            if not (_UUID_RE.match(item) or _PCI_RE.match(item)):
+            if not (is_uuid(item) or is_pci(item)):
                 raise ValueError(
                     f"item {i}: {item!r} is neither a GPU index, a GPU-<uuid> nor a PCI bus id")
-            if _PCI_RE.match(item):
+            if is_pci(item):
                 item = normalize_pci(item)
         else:
             raise ValueError(f"item {i} is {type(item).__name__}")
@@ -129,16 +164,12 @@ def normalize_pci(bus_id: str) -> str:
     return ":".join(parts)
 
 
-def is_pci(selector: str) -> bool:
-    return bool(_PCI_RE.match(selector))
-
-
 def check_env_table(value: Any) -> dict[str, str]:
     if not isinstance(value, dict):
         raise ValueError("expected a table")
     out: dict[str, str] = {}
     for name, item in value.items():
-        if not _ENV_NAME_RE.match(name):
+        if not _is_env_name(name):
             raise ValueError(f"{name!r} is not a valid environment variable name")
         out[name] = scalar_text(item, name)
     return out
@@ -160,7 +191,7 @@ def check_directives(value: Any) -> dict[str, list[str]]:
         raise ValueError("expected a table of systemd directives")
     out: dict[str, list[str]] = {}
     for name, item in value.items():
-        if not _DIRECTIVE_RE.match(name):
+        if not _is_directive(name):
             raise ValueError(f"{name!r} is not a systemd directive name (like TimeoutStopSec)")
         items = item if isinstance(item, list) else [item]
         texts = []
@@ -186,12 +217,14 @@ def check_choice(choices: tuple[str, ...]) -> Callable[[Any], str]:
     return check
 
 
-@dataclass(frozen=True)
 class Setting:
-    key: str                       # dotted: "reap.term-grace"
-    check: Callable[[Any], Any]    # validates and normalizes, ValueError with the reason
-    default: Any                   # None: unset unless the engine supplies it
-    help: str
+    __slots__ = ("key", "check", "default", "help")
+
+    def __init__(self, key: str, check: Callable[[Any], Any], default: Any, help: str) -> None:
+        self.key = key          # dotted: "reap.term-grace"
+        self.check = check      # validates and normalizes; ValueError with the reason
+        self.default = default  # None: unset unless the engine supplies it
+        self.help = help
 
 
 SETTINGS: tuple[Setting, ...] = (

@@ -7,23 +7,17 @@ split and C-unescaped, then specifiers are expanded; there is no $ expansion.
 
 from __future__ import annotations
 
-_C_ESCAPES = {"\\": "\\\\", '"': '\\"', "\n": "\\n", "\t": "\\t", "\r": "\\r"}
-
-
-def _escape_char(ch: str) -> str:
-    if ch in _C_ESCAPES:
-        return _C_ESCAPES[ch]
-    if ch == "%":
-        return "%%"
-    code = ord(ch)
-    if code < 0x20 or code == 0x7F:
-        return f"\\x{code:02x}"
-    return ch
+# str.translate tables (the generator quotes thousands of words per run).
+_ENV_TABLE: dict[int, str] = {c: f"\\x{c:02x}" for c in (*range(0x20), 0x7F)}
+_ENV_TABLE.update({ord("\\"): "\\\\", ord('"'): '\\"', ord("\n"): "\\n",
+                   ord("\t"): "\\t", ord("\r"): "\\r", ord("%"): "%%"})
+_EXEC_TABLE = dict(_ENV_TABLE)
+_EXEC_TABLE[ord("$")] = "$$"
 
 
 def exec_word(word: str) -> str:
     """One argv word for ExecStart= and friends."""
-    return '"' + "".join("$$" if ch == "$" else _escape_char(ch) for ch in word) + '"'
+    return '"' + word.translate(_EXEC_TABLE) + '"'
 
 
 def exec_line(argv: list[str] | tuple[str, ...]) -> str:
@@ -32,7 +26,7 @@ def exec_line(argv: list[str] | tuple[str, ...]) -> str:
 
 def environment_assignment(name: str, value: str) -> str:
     """The right-hand side of Environment= for NAME=value."""
-    return '"' + "".join(_escape_char(ch) for ch in f"{name}={value}") + '"'
+    return '"' + f"{name}={value}".translate(_ENV_TABLE) + '"'
 
 
 def plain_value(text: str) -> str:

@@ -1,0 +1,238 @@
+"""A strict subset of TOML, parsed without importing tomllib.
+
+Importing tomllib (with re, string and typing behind it) costs more than the
+rest of a 64-file generator run together (bench/generator_bench.py).  Model
+files use a small part of TOML: [table] headers, bare keys, basic and literal
+strings, integers, booleans, arrays.  This parser reads exactly that part and
+raises Unsupported for anything else (floats, dates, inline tables, multi-line
+strings, dotted or quoted keys, ...) and for anything it finds wrong; the
+caller then parses the file with tomllib, which either handles it or gives
+the real error message.  tests/test_fasttoml.py checks it against tomllib.
+"""
+
+from __future__ import annotations
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
+
+_BARE = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_-")
+_DIGITS = frozenset("0123456789")
+_ESCAPES = {"b": "\b", "t": "\t", "n": "\n", "f": "\f", "r": "\r", '"': '"', "\\": "\\"}
+
+
+class Unsupported(Exception):
+    """Outside the subset (or invalid): let tomllib decide."""
+
+
+class _Parser:
+    def __init__(self, text: str) -> None:
+        self.s = text
+        self.i = 0
+        self.n = len(text)
+
+    def fail(self) -> None:
+        raise Unsupported(self.i)
+
+    def skip_ws(self) -> None:
+        s, i, n = self.s, self.i, self.n
+        while i < n and s[i] in " \t":
+            i += 1
+        self.i = i
+
+    def skip_ws_comments_newlines(self) -> None:
+        s, n = self.s, self.n
+        while self.i < n:
+            c = s[self.i]
+            if c in " \t\n":
+                self.i += 1
+            elif c == "\r" and s.startswith("\r\n", self.i):
+                self.i += 2
+            elif c == "#":
+                self.skip_comment()
+            else:
+                return
+
+    def skip_comment(self) -> None:
+        end = self.s.find("\n", self.i)
+        end = self.n if end < 0 else end
+        for ch in self.s[self.i:end]:
+            if (ch < " " and ch != "\t") or ch == "\x7f":
+                self.fail()
+        self.i = end
+
+    def end_of_line(self) -> None:
+        self.skip_ws()
+        if self.i < self.n and self.s[self.i] == "#":
+            self.skip_comment()
+        if self.i < self.n:
+            if self.s[self.i] == "\n":
+                self.i += 1
+            elif self.s.startswith("\r\n", self.i):
+                self.i += 2
+            else:
+                self.fail()
+
+    def bare_key(self) -> str:
+        start = self.i
+        s, n = self.s, self.n
+        while self.i < n and s[self.i] in _BARE:
+            self.i += 1
+        if self.i == start:
+            self.fail()
+        return s[start:self.i]
+
+    def value(self) -> Any:
+        if self.i >= self.n:
+            self.fail()
+        c = self.s[self.i]
+        if c == '"':
+            return self.basic_string()
+        if c == "'":
+            return self.literal_string()
+        if c == "[":
+            return self.array()
+        if self.s.startswith("true", self.i):
+            self.i += 4
+            return self.after_word(True)
+        if self.s.startswith("false", self.i):
+            self.i += 5
+            return self.after_word(False)
+        return self.integer()
+
+    def after_word(self, value: Any) -> Any:
+        if self.i < self.n and self.s[self.i] in _BARE:
+            self.fail()
+        return value
+
+    def integer(self) -> int:
+        start = self.i
+        if self.s[self.i] in "+-":
+            self.i += 1
+        digits_start = self.i
+        while self.i < self.n and self.s[self.i] in _DIGITS:
+            self.i += 1
+        digits = self.s[digits_start:self.i]
+        if not digits or (len(digits) > 1 and digits[0] == "0"):
+            self.fail()
+        if self.i < self.n and self.s[self.i] not in " \t\r\n,]#":
+            self.fail()      # floats, dates, hex, underscores: tomllib
+        return int(self.s[start:self.i])
+
+    def basic_string(self) -> str:
+        s = self.s
+        if s.startswith('"""', self.i):
+            self.fail()
+        self.i += 1
+        out = []
+        chunk = self.i
+        while True:
+            if self.i >= self.n:
+                self.fail()
+            c = s[self.i]
+            if c == '"':
+                out.append(s[chunk:self.i])
+                self.i += 1
+                return "".join(out)
+            if c == "\\":
+                out.append(s[chunk:self.i])
+                self.i += 1
+                if self.i >= self.n:
+                    self.fail()
+                e = s[self.i]
+                if e in _ESCAPES:
+                    out.append(_ESCAPES[e])
+                    self.i += 1
+                elif e in "uU":
+                    width = 4 if e == "u" else 8
+                    hexpart = s[self.i + 1:self.i + 1 + width]
+                    if len(hexpart) != width or any(h not in "0123456789abcdefABCDEF" for h in hexpart):
+                        self.fail()
+                    code = int(hexpart, 16)
+                    if code > 0x10FFFF or 0xD800 <= code <= 0xDFFF:
+                        self.fail()
+                    out.append(chr(code))
+                    self.i += 1 + width
+                else:
+                    self.fail()
+                chunk = self.i
+                continue
+            if (c < " " and c != "\t") or c == "\x7f":
+                self.fail()
+            self.i += 1
+
+    def literal_string(self) -> str:
+        s = self.s
+        if s.startswith("'''", self.i):
+            self.fail()
+        end = s.find("'", self.i + 1)
+        if end < 0:
+            self.fail()
+        text = s[self.i + 1:end]
+        for ch in text:
+            if (ch < " " and ch != "\t") or ch == "\x7f":
+                self.fail()
+        self.i = end + 1
+        return text
+
+    def array(self) -> list[Any]:
+        self.i += 1
+        items: list[Any] = []
+        while True:
+            self.skip_ws_comments_newlines()
+            if self.i >= self.n:
+                self.fail()
+            if self.s[self.i] == "]":
+                self.i += 1
+                return items
+            items.append(self.value())
+            self.skip_ws_comments_newlines()
+            if self.i >= self.n:
+                self.fail()
+            if self.s[self.i] == ",":
+                self.i += 1
+            elif self.s[self.i] != "]":
+                self.fail()
+
+    def document(self) -> dict[str, Any]:
+        root: dict[str, Any] = {}
+        table = root
+        seen_tables: set[str] = set()
+        while True:
+            self.skip_ws_comments_newlines()
+            if self.i >= self.n:
+                return root
+            if self.s[self.i] == "[":
+                if self.s.startswith("[[", self.i):
+                    self.fail()
+                self.i += 1
+                self.skip_ws()
+                name = self.bare_key()
+                self.skip_ws()
+                if self.i >= self.n or self.s[self.i] != "]":
+                    self.fail()    # dotted or quoted table names: tomllib
+                self.i += 1
+                if name in seen_tables or name in root:
+                    self.fail()
+                seen_tables.add(name)
+                table = root[name] = {}
+                self.end_of_line()
+                continue
+            key = self.bare_key()
+            self.skip_ws()
+            if self.i >= self.n or self.s[self.i] != "=":
+                self.fail()
+            self.i += 1
+            self.skip_ws()
+            if key in table:
+                self.fail()
+            table[key] = self.value()
+            self.end_of_line()
+
+
+def loads(data: bytes) -> dict[str, Any]:
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise Unsupported("not UTF-8") from None
+    return _Parser(text).document()

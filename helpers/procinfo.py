@@ -101,6 +101,16 @@ def _user(pid: int) -> str:
         return str(uid)
 
 
+_CONTROL = {c: f"\\x{c:02x}" for c in (*range(0x20), 0x7F)}
+_CONTROL[ord("\n")] = "\\n"
+_CONTROL[ord("\t")] = "\\t"
+
+
+def one_line(text: str) -> str:
+    """Command lines go into one journal line each: escape control characters."""
+    return text.translate(_CONTROL)
+
+
 def read_proc(pid: int) -> ProcInfo | None:
     stat = read_stat(pid)
     if stat is None:
@@ -112,7 +122,7 @@ def read_proc(pid: int) -> ProcInfo | None:
     cgroup = read_cgroup(pid)
     return ProcInfo(pid=pid, ppid=ppid, comm=comm,
                     exe_name=os.path.basename(argv[0]) if argv else comm,
-                    cmdline=" ".join(argv) if argv else f"[{comm}]",
+                    cmdline=one_line(" ".join(argv)) if argv else f"[{comm}]",
                     user=_user(pid), state=state, start_time=start_time,
                     cgroup=cgroup, unit=unit_of_cgroup(cgroup),
                     container=container_of_cgroup(cgroup))

@@ -1,0 +1,297 @@
+"""Reaping with real processes and signals on the fake GPU backend: only
+"which pids use GPU k" comes from the fake table; attribution, signalling and
+waiting are the production code, run through the real CLI."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import FakeGpus, run_cli, wait_until
+
+SYSTEMD_V1 = Path("/sys/fs/cgroup/systemd")
+FREEZER_V1 = Path("/sys/fs/cgroup/freezer")
+
+
+def reap_json(fake: FakeGpus, *args: str, **env: str) -> tuple[int, dict]:
+    done = run_cli("reap", "--json", *args, env=fake.env(**env))
+    return done.returncode, json.loads(done.stdout) if done.stdout.strip() else {}
+
+
+def test_reap_is_scoped_to_the_selected_gpu(fake_gpus: FakeGpus, holders) -> None:
+    on0 = holders([fake_gpus.devices[0]])
+    on1 = holders([fake_gpus.devices[1]])
+    on12 = holders([fake_gpus.devices[1], fake_gpus.devices[2]])
+    code, report = reap_json(fake_gpus, "--gpus", "1", "--term-grace", "5s", "--timeout", "10s")
+    assert code == 0, report
+    assert wait_until(lambda: not on1.alive() and not on12.alive())
+    assert on0.alive(), "a process on GPU 0 was killed by reap --gpus 1"
+    assert {a["pid"] for a in report["actions"]} == {on1.pid, on12.pid}
+    assert all(a["signal"] == "SIGTERM" for a in report["actions"])
+
+
+def test_term_ignoring_holder_gets_sigkill_after_grace(fake_gpus: FakeGpus, holders) -> None:
+    stubborn = holders([fake_gpus.devices[0]], mode="ignore-term")
+    started = time.monotonic()
+    code, report = reap_json(fake_gpus, "--gpus", "0", "--term-grace", "0.5s", "--timeout", "5s")
+    elapsed = time.monotonic() - started
+    assert code == 0, report
+    assert [a["signal"] for a in report["actions"]] == ["SIGTERM", "SIGKILL"]
+    assert report["actions"][1]["at_s"] >= 0.5
+    assert stubborn.proc.wait(5) == -signal.SIGKILL
+    assert elapsed < 4, "reap waited for more than grace + exit"
+
+
+def test_every_kill_is_logged_with_pid_cmdline_and_why(fake_gpus: FakeGpus, holders) -> None:
+    h = holders([fake_gpus.devices[2]])
+    done = run_cli("reap", "--gpus", "2", "--term-grace", "2s", env=fake_gpus.env())
+    assert done.returncode == 0
+    line = next(l for l in done.stderr.splitlines() if "SIGTERM" in l)
+    assert f"pid {h.pid}" in line and "import os, signal" in line and "foreign user of GPU 2" in line
+
+
+def test_ignore_list_is_never_touched(fake_gpus: FakeGpus, holders) -> None:
+    persistenced = holders([fake_gpus.devices[0]], argv0="nvidia-persistenced")
+    exporter = holders([fake_gpus.devices[0]], argv0="my-exporter")
+    victim = holders([fake_gpus.devices[0]])
+    code, report = reap_json(fake_gpus, "--gpus", "0", "--ignore", "my-exporter",
+                             "--term-grace", "2s")
+    assert code == 0, report
+    assert wait_until(lambda: not victim.alive())
+    assert persistenced.alive() and exporter.alive()
+    assert {h["pid"] for h in report["ignored"]} == {persistenced.pid, exporter.pid}
+
+
+def test_name_sharing_the_15_char_prefix_is_not_ignored(fake_gpus: FakeGpus, holders) -> None:
+    # comm is cut at 15 characters: "nvidia-persistenced-x" must not pass for the daemon.
+    impostor = holders([fake_gpus.devices[0]], argv0="nvidia-persistenced-x")
+    code, _ = reap_json(fake_gpus, "--gpus", "0", "--term-grace", "2s")
+    assert code == 0
+    assert wait_until(lambda: not impostor.alive())
+
+
+def test_foreign_fail_blocks_with_exit_2_and_touches_nothing(fake_gpus: FakeGpus, holders) -> None:
+    h = holders([fake_gpus.devices[3]])
+    code, report = reap_json(fake_gpus, "--gpus", "3", "--foreign", "fail")
+    assert code == 2
+    assert report["actions"] == [] and report["blocked_by"][0]["pid"] == h.pid
+    assert h.alive()
+
+
+def test_foreign_wait_waits_for_exit_without_signalling(fake_gpus: FakeGpus, holders) -> None:
+    h = holders([fake_gpus.devices[1]])
+    killer = os.fork()
+    if killer == 0:   # the holder's own owner ends it 0.4 s later
+        time.sleep(0.4)
+        os.kill(h.pid, signal.SIGUSR1)
+        os._exit(0)
+    code, report = reap_json(fake_gpus, "--gpus", "1", "--foreign", "wait", "--timeout", "10s")
+    os.waitpid(killer, 0)
+    assert code == 0, report
+    assert report["actions"] == []
+    assert 0.3 < report["seconds"] < 5
+
+
+def test_foreign_wait_times_out_with_exit_3(fake_gpus: FakeGpus, holders) -> None:
+    h = holders([fake_gpus.devices[1]])
+    code, report = reap_json(fake_gpus, "--gpus", "1", "--foreign", "wait", "--timeout", "0.5s")
+    assert code == 3
+    assert [x["pid"] for x in report["left"]] == [h.pid] and h.alive()
+
+
+def test_orphaned_workers_of_a_killed_parent_are_reaped(fake_gpus: FakeGpus, holders) -> None:
+    parent = holders([fake_gpus.devices[0], fake_gpus.devices[1]], mode="orphans")
+    before = json.loads(run_cli("holders", "--json", "--gpus", "0,1",
+                                env=fake_gpus.env()).stdout)["holders"]
+    workers = {h["pid"] for h in before} - {parent.pid}
+    assert len(workers) == 2
+    parent.proc.kill()
+    parent.proc.wait()
+    # The classic failure: the workers outlive their parent and keep the GPUs.
+    assert all(Path(f"/proc/{pid}").exists() for pid in workers)
+    code, report = reap_json(fake_gpus, "--gpus", "0", "--term-grace", "0.3s", "--timeout", "5s")
+    assert code == 0, report
+    assert {a["pid"] for a in report["actions"] if a["signal"] == "SIGKILL"} == workers
+    assert wait_until(lambda: not any(_running(pid) for pid in workers))
+
+
+def _running(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def test_dry_run_touches_nothing(fake_gpus: FakeGpus, holders) -> None:
+    h = holders([fake_gpus.devices[0]])
+    done = run_cli("reap", "--gpus", "0", "--dry-run", env=fake_gpus.env())
+    assert done.returncode == 0
+    assert f"would send SIGTERM to pid {h.pid}" in done.stderr
+    time.sleep(0.2)
+    assert h.alive()
+
+
+def test_pci_selector_writes_uuids_for_cuda(fake_gpus: FakeGpus, tmp_path: Path) -> None:
+    env_file = tmp_path / "run" / "m.env"
+    env_file.parent.mkdir()
+    env_file.write_text("NCCL_P2P_DISABLE=1\n")
+    run_cli("reap", "--gpus", "0000:42:00.0,43:00.0", "--env-file", str(env_file),
+            env=fake_gpus.env(), check=0)
+    assert env_file.read_text().splitlines() == [
+        "NCCL_P2P_DISABLE=1", f"CUDA_VISIBLE_DEVICES={fake_gpus.uuids[1]},{fake_gpus.uuids[2]}"]
+
+
+def test_unknown_gpu_is_a_usage_error(fake_gpus: FakeGpus) -> None:
+    done = run_cli("reap", "--gpus", "7", env=fake_gpus.env())
+    assert done.returncode == 1 and "GPU '7' not found" in done.stderr
+
+
+def test_bad_duration_is_a_usage_error(fake_gpus: FakeGpus) -> None:
+    done = run_cli("reap", "--gpus", "0", "--timeout", "soon", env=fake_gpus.env())
+    assert done.returncode == 1 and "--timeout" in done.stderr
+
+
+def test_holders_reports_pid_gpu_and_cmdline(fake_gpus: FakeGpus, holders) -> None:
+    a = holders([fake_gpus.devices[0]])
+    b = holders([fake_gpus.devices[2], fake_gpus.devices[3]])
+    data = json.loads(run_cli("holders", "--json", env=fake_gpus.env(), check=0).stdout)
+    by_pid = {h["pid"]: h for h in data["holders"]}
+    assert by_pid[a.pid]["gpus"] == [0] and by_pid[b.pid]["gpus"] == [2, 3]
+    assert by_pid[a.pid]["user"] == "root" or by_pid[a.pid]["user"]
+    assert "import os, signal" in by_pid[a.pid]["cmdline"]
+    table = run_cli("holders", "--gpus", "2", env=fake_gpus.env(), check=0).stdout
+    assert str(b.pid) in table and str(a.pid) not in table
+
+
+# ------------------------------------------------------------- real cgroups
+
+def _cgroup_v1(hierarchy: Path, name: str) -> Path:
+    if not (hierarchy / "cgroup.procs").exists() or not os.access(hierarchy, os.W_OK):
+        pytest.skip(f"{hierarchy} (cgroup v1) not writable here")
+    path = hierarchy / name
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def _move(cgroup: Path, pid: int) -> None:
+    (cgroup / "cgroup.procs").write_text(str(pid))
+
+
+@pytest.fixture
+def unit_cgroups():
+    made: list[Path] = []
+
+    def make(unit: str) -> Path:
+        path = _cgroup_v1(SYSTEMD_V1, f"infer-units-test-{os.getpid()}/{unit}")
+        made.append(path)
+        return path
+
+    yield make
+    for path in made:
+        for pid in (path / "cgroup.procs").read_text().split():
+            try:
+                _move(SYSTEMD_V1, int(pid))
+            except OSError:
+                pass
+        path.rmdir()
+        try:
+            path.parent.rmdir()
+        except OSError:
+            pass
+
+
+def test_another_infer_units_service_blocks_with_exit_2(fake_gpus: FakeGpus, holders,
+                                                        unit_cgroups, tmp_path: Path) -> None:
+    generator_dir = tmp_path / "generator"
+    generator_dir.mkdir()
+    (generator_dir / "neighbour.service").write_text(
+        "# Automatically generated by infer-units-generator 0.1.0\n")
+    neighbour = holders([fake_gpus.devices[1]])
+    _move(unit_cgroups("neighbour.service"), neighbour.pid)
+    stale = holders([fake_gpus.devices[1]])
+    code, report = reap_json(fake_gpus, "--gpus", "1", "--unit", "mine.service",
+                             INFER_UNITS_GENERATOR_DIR=str(generator_dir))
+    assert code == 2
+    assert report["blocked_by"][0]["unit"] == "neighbour.service"
+    assert report["actions"] == []
+    assert neighbour.alive() and stale.alive()
+
+
+def test_own_cgroup_leftovers_are_reaped_even_with_foreign_fail(fake_gpus: FakeGpus, holders,
+                                                                unit_cgroups) -> None:
+    leftover = holders([fake_gpus.devices[2]], mode="ignore-term")
+    _move(unit_cgroups("mine.service"), leftover.pid)
+    code, report = reap_json(fake_gpus, "--gpus", "2", "--unit", "mine", "--foreign", "fail",
+                             "--term-grace", "0.2s")
+    assert code == 0, report
+    assert "own cgroup" in report["actions"][0]["why"]
+    assert leftover.proc.wait(5) == -signal.SIGKILL
+
+
+def test_unkillable_holder_gives_exit_3_with_pid_state_and_wchan(fake_gpus: FakeGpus,
+                                                                 holders) -> None:
+    freezer = _cgroup_v1(FREEZER_V1, f"infer-units-test-{os.getpid()}")
+    h = holders([fake_gpus.devices[0]])
+    try:
+        _move(freezer, h.pid)
+        (freezer / "freezer.state").write_text("FROZEN")
+        assert wait_until(lambda: (freezer / "freezer.state").read_text().strip() == "FROZEN")
+        code, report = reap_json(fake_gpus, "--gpus", "0", "--term-grace", "0.2s",
+                                 "--timeout", "1s")
+        assert code == 3, report
+        [left] = report["left"]
+        assert left["pid"] == h.pid and left["state"] and left["wchan"]
+        assert [a["signal"] for a in report["actions"]][-1] == "SIGKILL"
+        done = run_cli("reap", "--gpus", "0", "--timeout", "0.3s", "--term-grace", "0s",
+                       env=fake_gpus.env())
+        assert done.returncode == 3
+        assert f"pid {h.pid} still holds the GPU, state" in done.stderr
+    finally:
+        (freezer / "freezer.state").write_text("THAWED")
+        h.stop()
+        for pid in (freezer / "cgroup.procs").read_text().split():
+            _move(FREEZER_V1, int(pid))
+        freezer.rmdir()
+
+
+# ------------------------------------------------------------- wait-free, drain
+
+def test_wait_free_returns_when_the_last_holder_exits(fake_gpus: FakeGpus, holders) -> None:
+    h = holders([fake_gpus.devices[3]])
+    child = os.fork()
+    if child == 0:
+        time.sleep(0.3)
+        os.kill(h.pid, signal.SIGKILL)
+        os._exit(0)
+    done = run_cli("wait-free", "--gpus", "3", "--timeout", "10s", "--result", "success",
+                   env=fake_gpus.env())
+    os.waitpid(child, 0)
+    assert done.returncode == 0, done.stderr
+    assert "GPU 3 free after" in done.stderr
+
+
+def test_wait_free_reports_what_is_left(fake_gpus: FakeGpus, holders) -> None:
+    h = holders([fake_gpus.devices[3]])
+    done = run_cli("wait-free", "--gpus", "3", "--timeout", "0.3s", "--unit", "x",
+                   "--result", "timeout", env=fake_gpus.env())
+    assert done.returncode == 3
+    assert f"pid {h.pid} still holds the GPU" in done.stderr and "x stopped: timeout" in done.stderr
+    assert h.alive(), "wait-free must not kill foreign processes"
+
+
+def test_drain_reaps_every_holder_but_the_ignore_list(fake_gpus: FakeGpus, holders) -> None:
+    a = holders([fake_gpus.devices[0]])
+    b = holders([fake_gpus.devices[3]], mode="ignore-term")
+    keep = holders([fake_gpus.devices[1]], argv0="nv-hostengine")
+    done = run_cli("drain", "--term-grace", "0.3s", "--timeout", "5s", env=fake_gpus.env())
+    assert done.returncode == 0, done.stderr
+    assert wait_until(lambda: not a.alive() and not b.alive())
+    assert keep.alive()
+    assert "1 process(es) hold /dev/nvidia*" in done.stderr
+    assert "refcount" in done.stderr

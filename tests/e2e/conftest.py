@@ -1,0 +1,80 @@
+"""Session fixtures for the end-to-end tests: the .deb built by
+packaging/build-deb, and one booted bookworm container with it installed."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from container import Container, available
+
+ROOT = Path(__file__).resolve().parents[2]
+FAKE_GPU_COUNT = 6
+FAKE_TABLE = "/etc/infer-units/fakegpus.json"
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    reason = available()
+    for item in items:
+        if "e2e" in str(item.fspath):
+            item.add_marker(pytest.mark.e2e)
+            if reason:
+                item.add_marker(pytest.mark.skip(reason=f"e2e: {reason}"))
+
+
+@pytest.fixture(scope="session")
+def deb() -> Path:
+    done = subprocess.run([str(ROOT / "packaging/build-deb")], cwd=ROOT, capture_output=True,
+                          text=True, timeout=1800)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
+    path = Path(done.stdout.strip().splitlines()[-1])
+    assert path.exists() and path.suffix == ".deb"
+    return path
+
+
+def fake_gpu_table() -> str:
+    return json.dumps({"gpus": [
+        {"index": i, "uuid": f"GPU-e2e{i:05d}-0000-0000-0000-{i:012d}",
+         "pci": f"0000:{0x41 + i:02x}:00.0", "device": f"/var/lib/fakegpu/nvidia{i}",
+         "memory_mib": 143771} for i in range(FAKE_GPU_COUNT)]})
+
+
+def model_toml(name: str, gpus: list[int], port: int, extra_args: list[str] | None = None,
+               env: dict[str, str] | None = None, reap: str = "", ready_timeout: str = "60s",
+               load: float = 1.0) -> str:
+    argv = ["/usr/local/bin/fake-engine", "--port", str(port), "--load", str(load),
+            *(extra_args or [])]
+    lines = ['engine = "command"', f"command = {json.dumps(argv, ensure_ascii=False)}", f"gpus = {gpus}",
+             f"port = {port}", "", "[env]", f'INFER_UNITS_FAKE_GPUS = "{FAKE_TABLE}"']
+    for k, v in (env or {}).items():
+        lines.append(f"{k} = {json.dumps(v, ensure_ascii=False)}")
+    lines += ["", "[reap]", 'term-grace = "1s"', 'timeout = "15s"', reap,
+              "", "[ready]", f'timeout = "{ready_timeout}"', 'interval = "100ms"',
+              "", "[service]", 'RestartSec = "1s"']
+    return "\n".join(lines) + "\n"
+
+
+@pytest.fixture(scope="session")
+def box(deb: Path):
+    c = Container()
+    try:
+        c.boot()
+        c.write("/usr/local/bin/fake-engine",
+                (ROOT / "tests/e2e/fake_engine.py").read_text(), mode=0o755)
+        c.write(FAKE_TABLE, fake_gpu_table())
+        c.sh("mkdir -p /var/lib/fakegpu && for i in $(seq 0 %d); do : > /var/lib/fakegpu/nvidia$i; done"
+             % (FAKE_GPU_COUNT - 1))
+        # A model present before the package: installing must generate its unit.
+        c.write("/etc/infer-units/preinstalled.toml", model_toml("preinstalled", [5], 18099))
+        done = c.install_deb(deb)
+        c.install_output = done.stdout + done.stderr  # type: ignore[attr-defined]
+        yield c
+    finally:
+        if os.environ.get("INFER_UNITS_E2E_KEEP"):
+            print(f"e2e container kept at {c.root}")
+        else:
+            c.shutdown()

@@ -1,0 +1,156 @@
+"""A Debian bookworm system booted with real systemd in systemd-nspawn.
+
+The base root (debootstrap minbase + systemd, dbus, python3) is built once and
+kept as a tarball in $INFER_UNITS_E2E_CACHE (default /var/cache/infer-units-e2e);
+each session unpacks a fresh copy, boots it, and installs the .deb with apt
+(its dependencies come from Debian, and apt's downloaded archives are kept in
+the cache so later runs on the same machine do not fetch them again).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+CACHE = Path(os.environ.get("INFER_UNITS_E2E_CACHE", "/var/cache/infer-units-e2e"))
+BASE_TAR = CACHE / "bookworm-base.tar"
+APT_ARCHIVES = CACHE / "apt-archives"
+BASE_PACKAGES = "systemd,systemd-sysv,dbus,python3,ca-certificates"
+MIRROR = os.environ.get("INFER_UNITS_E2E_MIRROR", "http://deb.debian.org/debian")
+SYSTEM_PATH = "/usr/sbin:/usr/bin:/sbin:/bin"
+
+
+def _run(argv: list[str], **kw) -> subprocess.CompletedProcess[str]:
+    kw.setdefault("capture_output", True)
+    kw.setdefault("text", True)
+    env = dict(os.environ, PATH=SYSTEM_PATH)
+    return subprocess.run(argv, env=env, **kw)
+
+
+def available() -> str | None:
+    """None when e2e can run here, else the reason it cannot."""
+    if os.geteuid() != 0:
+        return "needs root"
+    for tool in ("debootstrap", "systemd-nspawn", "nsenter"):
+        if not shutil.which(tool, path=SYSTEM_PATH):
+            return f"{tool} not installed (apt-get install debootstrap systemd-container)"
+    return None
+
+
+def ensure_base() -> Path:
+    if BASE_TAR.exists():
+        return BASE_TAR
+    CACHE.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix="base-", dir=CACHE))
+    try:
+        root = work / "root"
+        done = _run(["debootstrap", "--variant=minbase", f"--include={BASE_PACKAGES}",
+                     "bookworm", str(root), MIRROR], timeout=1200)
+        if done.returncode != 0:
+            raise RuntimeError(f"debootstrap failed:\n{done.stdout[-3000:]}{done.stderr[-3000:]}")
+        (root / "etc/hostname").write_text("iu-e2e\n")
+        # No login prompts or getty on the container console.
+        for unit in ("console-getty.service", "getty@tty1.service"):
+            link = root / "etc/systemd/system" / unit
+            link.unlink(missing_ok=True)
+            link.symlink_to("/dev/null")
+        tmp = work / "base.tar"
+        done = _run(["tar", "-C", str(root), "-cf", str(tmp), "."], timeout=600)
+        if done.returncode != 0:
+            raise RuntimeError(f"tar failed: {done.stderr}")
+        os.replace(tmp, BASE_TAR)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    return BASE_TAR
+
+
+class Container:
+    def __init__(self) -> None:
+        self.dir = Path(tempfile.mkdtemp(prefix="iu-e2e-"))
+        self.root = self.dir / "root"
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.leader = 0
+
+    # ------------------------------------------------------------- lifecycle
+    def boot(self) -> None:
+        self.root.mkdir()
+        done = _run(["tar", "-C", str(self.root), "-xf", str(ensure_base())], timeout=600)
+        assert done.returncode == 0, done.stderr
+        APT_ARCHIVES.mkdir(parents=True, exist_ok=True)
+        log = open(self.dir / "console.log", "wb")
+        self.proc = subprocess.Popen(
+            ["systemd-nspawn", "-D", str(self.root), "--register=no", "--keep-unit",
+             "--quiet", f"--bind={APT_ARCHIVES}:/var/cache/apt/archives", "-b"],
+            stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+            env=dict(os.environ, PATH=SYSTEM_PATH, SYSTEMD_NSPAWN_TMPFS_TMP="0"))
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            self.leader = self._find_leader()
+            if self.leader:
+                state = self.sh("systemctl is-system-running --wait", check=False, timeout=120)
+                if state.stdout.strip() in ("running", "degraded"):
+                    return
+            if self.proc.poll() is not None:
+                break
+            time.sleep(0.2)
+        raise RuntimeError("container did not boot:\n" +
+                           (self.dir / "console.log").read_text(errors="replace")[-3000:])
+
+    def _find_leader(self) -> int:
+        assert self.proc is not None
+        for entry in os.listdir("/proc"):
+            if not entry.isdigit():
+                continue
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    stat = f.read()
+                ppid = int(stat.rsplit(")", 1)[1].split()[1])
+                if ppid == self.proc.pid and "(systemd)" in stat:
+                    return int(entry)
+            except (OSError, ValueError, IndexError):
+                continue
+        return 0
+
+    def shutdown(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()     # nspawn asks the container's systemd to power off
+            try:
+                self.proc.wait(60)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+    # ------------------------------------------------------------- inside
+    def sh(self, script: str, check: bool = True, timeout: float = 300,
+           ) -> subprocess.CompletedProcess[str]:
+        """Run a shell script inside the container (all its namespaces)."""
+        done = _run(["nsenter", "-t", str(self.leader), "-a", "/usr/bin/env", "-i",
+                     f"PATH={SYSTEM_PATH}", "LANG=C.UTF-8", "PYTHONIOENCODING=utf-8", "/bin/sh", "-c", script],
+                    timeout=timeout)
+        if check and done.returncode != 0:
+            raise AssertionError(f"in container: {script}\nexit {done.returncode}\n"
+                                 f"{done.stdout}\n{done.stderr}")
+        return done
+
+    def path(self, inside: str) -> Path:
+        return self.root / inside.lstrip("/")
+
+    def write(self, inside: str, text: str, mode: int = 0o644) -> None:
+        target = self.path(inside)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(text, encoding="utf-8")
+        target.chmod(mode)
+
+    def install_deb(self, deb: Path) -> subprocess.CompletedProcess[str]:
+        shutil.copy(deb, self.path("/root") / deb.name)
+        return self.sh("apt-get update -qq && DEBIAN_FRONTEND=noninteractive "
+                       f"apt-get install -y -qq --no-install-recommends /root/{deb.name}",
+                       timeout=900)
+
+    def journal(self, unit: str, since_cursor: str | None = None) -> str:
+        return self.sh(f"journalctl -u {unit} -o cat --no-pager", check=False).stdout

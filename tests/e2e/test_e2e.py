@@ -1,0 +1,192 @@
+"""End to end under real systemd: a bookworm container, the .deb installed with
+apt, fake GPUs held by a fake engine with a TERM-ignoring worker.  The tests
+run in file order on one container; the package removal comes last."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+
+from conftest import model_toml
+
+pytestmark = pytest.mark.e2e
+
+
+def show(box, unit: str, *props: str) -> dict[str, str]:
+    out = box.sh(f"systemctl show {unit} " + " ".join(f"-p {p}" for p in props)).stdout
+    return dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
+
+
+def holders(box, gpus: str) -> list[dict]:
+    out = box.sh(f"INFER_UNITS_FAKE_GPUS=/etc/infer-units/fakegpus.json "
+                 f"infer-units holders --json --gpus {gpus}").stdout
+    return json.loads(out)["holders"]
+
+
+def alive(box, pid: int) -> bool:
+    state = box.sh(f"cat /proc/{pid}/stat 2>/dev/null || true").stdout
+    return bool(state) and state.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def add_model(box, name: str, text: str) -> None:
+    box.write(f"/etc/infer-units/{name}.toml", text)
+
+
+# ---------------------------------------------------------------- package
+
+def test_install_generated_units_without_manual_reload(box) -> None:
+    props = show(box, "preinstalled.service", "LoadState", "FragmentPath", "SourcePath")
+    assert props["LoadState"] == "loaded", box.install_output
+    assert props["FragmentPath"] == "/run/systemd/generator/preinstalled.service"
+    assert props["SourcePath"] == "/etc/infer-units/preinstalled.toml"
+    assert box.sh("test -x /usr/lib/systemd/system-generators/infer-units-generator "
+                  "&& command -v infer-units").returncode == 0
+    assert box.sh("test -f /etc/infer-units/sglang-qwen.toml.example").returncode == 0
+
+
+def test_models_added_after_install_and_systemd_analyze_verify(box) -> None:
+    add_model(box, "alpha", model_toml("alpha", [0, 1], 18001, load=1.5))
+    add_model(box, "beta", model_toml("beta", [2, 3], 18002))
+    add_model(box, "crashy", model_toml("crashy", [4], 18004, ["--crash-after", "0.5"],
+                                        ready_timeout="120s", load=30))
+    add_model(box, "gamma", model_toml("gamma", [1], 18003))
+    box.sh("systemctl daemon-reload")
+    for name in ("alpha", "beta", "crashy", "gamma"):
+        assert show(box, f"{name}.service", "LoadState")["LoadState"] == "loaded"
+    done = box.sh("systemd-analyze verify --man=no /run/systemd/generator/*.service", check=False)
+    assert done.returncode == 0 and not done.stderr.strip(), done.stderr
+    # the overlap between alpha and gamma is reported, both are generated
+    check = box.sh("infer-units check", check=False)
+    assert check.returncode == 1 and "gamma.toml: gpus: GPU 1 also used by alpha" in check.stderr
+
+
+def test_argv_and_environment_reach_the_process_exactly(box) -> None:
+    tricky_args = ["two words", "it's", 'say "hi"', "back\\slash", "100%", "$HOME ${PATH}",
+                   "", "ünï 模型 🚀", "tab\there", "new\nline", ";", "%n", "-x"]
+    tricky_env = {"SPACES": "a b  c", "QUOTES": "it's \"q\"", "DOLLAR": "$HOME ${X}",
+                  "PERCENT": "50% %n", "BACKSLASH": "C:\\p\\", "EMPTY": "", "NL": "a\nb",
+                  "UNI": "ünï"}
+    add_model(box, "exact", model_toml("exact", [5], 18005,
+                                       ["--record", "/run/exact.json", *tricky_args],
+                                       env=tricky_env))
+    box.sh("systemctl daemon-reload && systemctl start exact")
+    record = json.loads(box.sh("cat /run/exact.json").stdout)
+    assert record["argv"][1:] == ["--port", "18005", "--load", "1.0", "--record",
+                                  "/run/exact.json", *tricky_args]
+    for key, value in tricky_env.items():
+        assert record["env"][key] == value, key
+    assert record["env"]["CUDA_VISIBLE_DEVICES"] == "5"
+    assert record["env"]["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID"
+    box.sh("systemctl stop exact")
+
+
+# ---------------------------------------------------------------- hooks
+
+def test_start_reaps_a_stale_foreign_holder_but_not_the_neighbour(box) -> None:
+    box.sh("systemctl start beta")
+    neighbour = {h["pid"] for h in holders(box, "2,3")}
+    assert len(neighbour) == 3   # main + 2 workers
+    # A stale process from a manual run holds GPU 0 and ignores SIGTERM.
+    box.sh("systemd-run --unit=stale-foreign --property=KillMode=process /usr/bin/python3 -c "
+           "'import signal,time; f=open(\"/var/lib/fakegpu/nvidia0\"); "
+           "signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(3600)'")
+    assert _wait(lambda: any(h["unit"] == "stale-foreign.service" for h in holders(box, "0")))
+    stale = [h["pid"] for h in holders(box, "0") if h["unit"] == "stale-foreign.service"][0]
+    box.sh("systemctl start alpha")
+    assert show(box, "alpha.service", "ActiveState")["ActiveState"] == "active"
+    assert not alive(box, stale)
+    assert all(alive(box, pid) for pid in neighbour), "the neighbour model was touched"
+    log = box.journal("alpha.service")
+    assert f"sending SIGTERM to pid {stale}" in log and f"sending SIGKILL to pid {stale}" in log
+    assert "foreign user of GPU 0 (stale-foreign.service)" in log
+
+
+def test_start_returns_only_when_health_answers(box) -> None:
+    started = time.monotonic()
+    box.sh("systemctl restart alpha")
+    took = time.monotonic() - started
+    assert took >= 1.5, "restart returned before the 1.5 s load finished"
+    health = box.sh("python3 -c \"import urllib.request as u; "
+                    "print(u.urlopen('http://127.0.0.1:18001/health').status)\"")
+    assert health.stdout.strip() == "200"
+    assert "answered HTTP 200" in box.journal("alpha.service")
+
+
+def test_restart_leaves_none_of_the_old_processes(box) -> None:
+    old = {h["pid"] for h in holders(box, "0,1")}
+    assert len(old) == 3
+    box.sh("systemctl restart alpha")
+    new = {h["pid"] for h in holders(box, "0,1")}
+    assert len(new) == 3 and not old & new
+    assert not any(alive(box, pid) for pid in old)
+
+
+def test_another_service_on_the_gpus_blocks_the_start(box) -> None:
+    before = {h["pid"] for h in holders(box, "0,1")}
+    done = box.sh("systemctl start gamma", check=False)
+    assert done.returncode != 0
+    assert "belongs to infer-units service alpha.service" in box.journal("gamma.service")
+    assert show(box, "gamma.service", "ExecMainStatus", "Result")["Result"] == "exit-code"
+    assert {h["pid"] for h in holders(box, "0,1")} == before
+    assert show(box, "alpha.service", "ActiveState")["ActiveState"] == "active"
+    box.sh("systemctl reset-failed gamma")
+
+
+def test_stop_leaves_the_gpus_free(box) -> None:
+    started = time.monotonic()
+    box.sh("systemctl stop alpha")
+    assert time.monotonic() - started < 10, "a TERM-ignoring worker held up the stop"
+    assert holders(box, "0,1") == []
+    assert "GPU 0,1 free after" in box.journal("alpha.service")
+
+
+def test_server_crashing_while_loading_fails_the_start_fast(box) -> None:
+    started = time.monotonic()
+    done = box.sh("systemctl start crashy", check=False)
+    took = time.monotonic() - started
+    assert done.returncode != 0
+    assert took < 15, f"start failed only after {took:.1f}s (ready timeout is 120s)"
+    props = show(box, "crashy.service", "ExecMainStatus", "Result")
+    assert props["ExecMainStatus"] == "7", props
+    box.sh("systemctl stop crashy; systemctl reset-failed crashy", check=False)
+    assert holders(box, "4") == []
+
+
+def test_dropin_changes_the_unit(box) -> None:
+    box.write("/etc/infer-units/beta.toml.d/50-env.toml", '[env]\nFROM_DROPIN = "yes"\n')
+    box.sh("systemctl daemon-reload")
+    env = show(box, "beta.service", "Environment")["Environment"]
+    assert "FROM_DROPIN=yes" in env
+    unit = box.sh("cat /run/systemd/generator/beta.service").stdout
+    assert "/etc/infer-units/beta.toml.d/50-env.toml" in unit.splitlines()[1]
+    box.sh("systemctl stop beta")
+
+
+def _wait(predicate, timeout: float = 10.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.1)
+    return False
+
+
+# ---------------------------------------------------------------- last: removal
+
+def test_apt_remove_leaves_no_generated_unit(box) -> None:
+    box.sh("systemctl start beta")
+    box.sh("DEBIAN_FRONTEND=noninteractive apt-get remove -y -qq infer-units")
+    box.sh("systemctl daemon-reload")
+    assert box.sh("test -e /run/systemd/generator/beta.service", check=False).returncode != 0
+    assert show(box, "beta.service", "LoadState")["LoadState"] == "not-found"
+    assert box.sh("ls /run/systemd/generator/*.service 2>/dev/null | wc -l").stdout.strip() == "0"
+    assert holders_gone(box)
+
+
+def holders_gone(box) -> bool:
+    # the package is gone: look at the fake GPU files directly
+    out = box.sh("for p in /proc/[0-9]*; do ls -l $p/fd 2>/dev/null; done | "
+                 "grep -c /var/lib/fakegpu/ || true").stdout.strip()
+    return out == "0"

@@ -44,7 +44,7 @@ def fill(template: str, values: dict[str, str]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _health_url(m: Model) -> str | None:
+def health_url(m: Model) -> str | None:
     if m.ready_url is not None:
         return m.ready_url
     path = ENGINE_SPECS[m.engine].health_path
@@ -101,36 +101,38 @@ def _hook(*argv: str) -> str:
 
 
 def _exec_start_pre(m: Model) -> list[str]:
-    lines = []
-    env_file = f"{ENV_FILE_DIR}/{m.name}.env"
+    """One privileged process for every start check (each process start costs
+    ~50 ms of the restart; see bench/restart_bench.py)."""
+    argv = ["pre-start", "--unit", m.unit_name]
     selector = m.gpu_selector()
+    pci = isinstance(m.gpus, list) and any(isinstance(g, str) and is_pci(g) for g in m.gpus)
+    p2p = m.nccl_p2p == "auto" and selector is not None
     if selector is not None:
-        reap = ["reap", "--gpus", selector, "--unit", m.unit_name,
-                "--foreign", m.reap_foreign,
-                "--term-grace", format_seconds(m.reap_term_grace),
-                "--timeout", format_seconds(m.reap_timeout)]
+        argv += ["--gpus", selector, "--foreign", m.reap_foreign,
+                 "--term-grace", format_seconds(m.reap_term_grace),
+                 "--timeout", format_seconds(m.reap_timeout)]
         for name in m.reap_ignore:
-            if name not in BUILTIN_IGNORE:   # the CLI always spares those
-                reap += ["--ignore", name]
-        if isinstance(m.gpus, list) and any(isinstance(g, str) and is_pci(g) for g in m.gpus):
-            # CUDA takes no PCI ids: the hook resolves them to UUIDs at start.
-            reap += ["--env-file", env_file]
-        lines.append("ExecStartPre=+" + _hook(*reap))
+            if name not in BUILTIN_IGNORE:   # the helpers always spare those
+                argv += ["--ignore", name]
     if m.port is not None:
-        lines.append("ExecStartPre=+" + _hook(
-            "wait-port", "--host", m.host, "--port", str(m.port),
-            "--timeout", format_seconds(m.reap_timeout)))
-    if m.nccl_p2p == "auto" and selector is not None:
-        p2p = ["p2p-check", "--gpus", selector, "--env-file", env_file]
+        argv += ["--host", m.host, "--port", str(m.port)]
+    if pci or p2p:
+        argv += ["--env-file", f"{ENV_FILE_DIR}/{m.name}.env"]
+    if pci:
+        # CUDA takes no PCI ids: the hook resolves them to UUIDs at start.
+        argv.append("--resolve-pci")
+    if p2p:
+        argv.append("--p2p")
         if ENGINE_SPECS[m.engine].module:
-            p2p += ["--python", m.python]
-        lines.append("ExecStartPre=+" + _hook(*p2p))
-    return lines
+            argv += ["--python", m.python]
+    if len(argv) == 3:
+        return []
+    return ["ExecStartPre=+" + _hook(*argv)]
 
 
 def _timeout_start(m: Model) -> float:
-    total = m.reap_term_grace + 2 * m.reap_timeout + START_MARGIN_S
-    if _health_url(m) is not None:
+    total = m.reap_term_grace + 2 * m.reap_timeout + START_MARGIN_S   # reap, then port
+    if health_url(m) is not None:
         total += m.ready_timeout
     if m.nccl_p2p == "auto":
         total += P2P_ALLOWANCE_S
@@ -151,7 +153,7 @@ def _description(m: Model) -> str:
 
 
 def render(m: Model) -> RenderedUnit:
-    url = _health_url(m)
+    url = health_url(m)
     post = []
     if url is not None:
         post.append("ExecStartPost=" + _hook(

@@ -25,6 +25,7 @@ class _Group(click.Group):
 
     def main(self, *args: Any, **kwargs: Any) -> Any:
         try:
+            kwargs.setdefault("prog_name", "infer-units")
             return super().main(*args, standalone_mode=False, **kwargs)
         except click.UsageError as e:
             e.show()

@@ -12,6 +12,7 @@ import click
 
 from . import exitcodes
 from .cli import _duration, main
+from .hooks import gpus_or_exit, unit_name
 
 
 def _fail(message: str, code: int = exitcodes.CONFIG_ERROR) -> None:
@@ -20,20 +21,15 @@ def _fail(message: str, code: int = exitcodes.CONFIG_ERROR) -> None:
 
 
 def _gpus(selector: str | None):  # type: ignore[no-untyped-def]
-    from .gpus import GpuError, backend, select
+    from .gpus import GpuError, backend
+    if selector:
+        return gpus_or_exit(selector)
     try:
         b = backend()
-        every = b.gpus()
-        return b, (select(every, selector) if selector else every)
+        return b, b.gpus()
     except GpuError as e:
         _fail(str(e))
         raise AssertionError("unreachable")
-
-
-def _unit(name: str | None) -> str | None:
-    if name and not name.endswith((".service", ".scope")):
-        return name + ".service"
-    return name
 
 
 # --------------------------------------------------------------------- holders
@@ -71,11 +67,6 @@ def holders(selector: str | None, as_json: bool) -> None:
 
 # --------------------------------------------------------------------- reap
 
-def _resolve_pci_env(gpus, env_file: str) -> None:  # type: ignore[no-untyped-def]
-    from .envfile import update_env_file
-    update_env_file(env_file, {"CUDA_VISIBLE_DEVICES": ",".join(g.uuid for g in gpus)})
-
-
 @main.command()
 @click.option("--gpus", "selector", required=True, help='"0,1", "GPU-…", PCI ids, or "all".')
 @click.option("--unit", default=None, help="The service doing the reaping (its cgroup is its own).")
@@ -94,9 +85,10 @@ def reap(selector: str, unit: str | None, foreign: str, term_grace: str, timeout
     policy = ReapPolicy(foreign=foreign, term_grace=_duration(term_grace, "--term-grace"),
                         timeout=_duration(timeout, "--timeout"), ignore=ignore, dry_run=dry_run)
     b, gpus = _gpus(selector)
-    result = Reaper(b, gpus, _unit(unit), policy).run()
+    result = Reaper(b, gpus, unit_name(unit), policy).run()
     if env_file and not dry_run and result.exit_code == exitcodes.CLEAN:
-        _resolve_pci_env(gpus, env_file)
+        from .envfile import update_env_file
+        update_env_file(env_file, {"CUDA_VISIBLE_DEVICES": ",".join(g.uuid for g in gpus)})
     if as_json:
         click.echo(json.dumps(result.as_json(), indent=2))
     else:
@@ -105,36 +97,7 @@ def reap(selector: str, unit: str | None, foreign: str, term_grace: str, timeout
                    f"{result.message} after {result.seconds * 1000:.0f} ms"
                    + (f", {killed} signal(s) sent" if killed else ""), err=True)
     if not dry_run:
-        record_reap(_unit(unit), result)
-    sys.exit(result.exit_code)
-
-
-# --------------------------------------------------------------------- wait-free
-
-@main.command("wait-free")
-@click.option("--gpus", "selector", required=True)
-@click.option("--unit", default=None)
-@click.option("--timeout", default="60s")
-@click.option("--ignore", multiple=True)
-@click.option("--result", "service_result", default="", help="$SERVICE_RESULT, for the log.")
-def wait_free(selector: str, unit: str | None, timeout: str, ignore: tuple[str, ...],
-              service_result: str) -> None:
-    """Wait until nothing (but ignored tools) uses the GPUs; report what is left."""
-    from .metrics import record_free
-    from .reaper import ReapPolicy, Reaper
-    b, gpus = _gpus(selector)
-    policy = ReapPolicy(foreign="wait", term_grace=0.0, timeout=_duration(timeout, "--timeout"),
-                        ignore=ignore)
-    result = Reaper(b, gpus, _unit(unit), policy).run()
-    where = f" ({unit} stopped: {service_result})" if service_result else ""
-    if result.exit_code == exitcodes.CLEAN:
-        click.echo(f"infer-units: GPU {','.join(str(g.index) for g in gpus)} free after "
-                   f"{result.seconds * 1000:.0f} ms{where}", err=True)
-    else:
-        for h in result.blocked_by:
-            click.echo(f"infer-units: still held by {h.info.describe()} ({h.why})", err=True)
-        click.echo(f"infer-units: GPU not free{where}: {result.message}", err=True)
-    record_free(_unit(unit), result)
+        record_reap(unit_name(unit), result)
     sys.exit(result.exit_code)
 
 
@@ -163,25 +126,22 @@ def wait_port(port: int, host: str, timeout: str) -> None:
     _fail(f"port {port} still in use after {timeout}: {who}", exitcodes.TIMED_OUT)
 
 
-# --------------------------------------------------------------------- wait-ready
+# --------------------------------------------------------------------- unit hooks
 
-@main.command("wait-ready")
-@click.option("--url", required=True)
-@click.option("--pid", type=int, default=None, help="The server's main pid ($MAINPID).")
-@click.option("--timeout", default="20min")
-@click.option("--interval", default="1s")
-def wait_ready(url: str, pid: int | None, timeout: str, interval: str) -> None:
-    """Wait until URL answers 2xx; fail at once if the server dies."""
-    from .ready import wait_ready as wait
-    from .systemd import main_exit_status
-    result = wait(url, pid, _duration(timeout, "--timeout"), _duration(interval, "--interval"))
-    if result.ready:
-        return
-    if result.server_exited:
-        status = main_exit_status(os.environ.get("INVOCATION_ID"), pid)
-        code = status if status and 0 < status < 256 else exitcodes.CONFIG_ERROR
-        _fail(f"{result.reason}" + (f"; exit status {status}" if status else ""), code)
-    _fail(result.reason, exitcodes.TIMED_OUT)
+def _hook_command(name: str, summary: str) -> None:
+    """Listed here for --help and completion; helpers/entry.py runs them
+    without click (they are on every start's path)."""
+    @main.command(name, help=summary, add_help_option=False,
+                  context_settings={"ignore_unknown_options": True, "allow_extra_args": True})
+    @click.pass_context
+    def command(ctx: click.Context) -> None:
+        from .hooks import run
+        sys.exit(run([name, *ctx.args]))
+
+
+_hook_command("pre-start", "ExecStartPre: reap, wait for GPUs and port, P2P self-test.")
+_hook_command("wait-ready", "ExecStartPost: wait for health; fail at once if the server dies.")
+_hook_command("wait-free", "ExecStopPost: wait until the GPUs are free; report what holds them.")
 
 
 # --------------------------------------------------------------------- p2p-check
@@ -199,6 +159,18 @@ def p2p_check(selector: str, env_file: str, python: str, timeout: str) -> None:
     _b, gpus = _gpus(selector)
     verdict = check_p2p(gpus, env_file, python, _duration(timeout, "--timeout"))
     record_p2p(os.path.basename(env_file).removesuffix(".env"), verdict)
+
+
+# --------------------------------------------------------------------- status
+
+@main.command()
+@click.argument("names", nargs=-1)
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+def status(names: tuple[str, ...], as_json: bool) -> None:
+    """systemd state, GPUs, memory and health of every model (or NAMEs)."""
+    from .status import collect, table
+    report = collect(list(names))
+    click.echo(json.dumps(report, indent=2) if as_json else table(report))
 
 
 # --------------------------------------------------------------------- drain

@@ -84,8 +84,10 @@ def check_p2p(gpus: list[Gpu], env_file: str, python: str, timeout: float = 90.0
         return verdict
     else:
         bad = [p for p in report.get("pairs", []) if isinstance(p, dict) and not p.get("ok")]
+        # The self-test numbers devices as CUDA sees them: positions in `gpus`.
         detail = "; ".join(
-            f"GPU {p['src']}->{p['dst']}: " + (p.get("error") or f"{p.get('mismatched_words')} words differ")
+            f"GPU {gpus[p['src']].index}->{gpus[p['dst']].index}: "
+            + (p.get("error") or f"{p.get('mismatched_words')} words differ")
             for p in bad) or str(report.get("error"))
         verdict = P2PVerdict(False, False, f"peer copy failed: {detail}", report)
     os.makedirs(os.path.dirname(path), exist_ok=True)

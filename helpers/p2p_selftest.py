@@ -15,7 +15,9 @@ import json
 import sys
 import time
 
-BUFFER_MIB = 64
+import os
+
+BUFFER_MIB = int(os.environ.get("INFER_UNITS_P2P_MIB", "64"))
 
 
 def main() -> int:

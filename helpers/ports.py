@@ -28,6 +28,10 @@ def _listening_inodes(port: int) -> set[str]:
     return inodes
 
 
+def is_listening(port: int) -> bool:
+    return bool(_listening_inodes(port))
+
+
 def port_holders(port: int) -> list[ProcInfo] | None:
     """Processes listening on `port`: [] when free, None when it is taken but
     the holder is out of sight (another network namespace, no permission)."""

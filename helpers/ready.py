@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import os
 import select
-import sys
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from dataclasses import dataclass
 
+from .ports import is_listening
 from .progress import Progress
 
 
@@ -21,7 +22,7 @@ class ReadyResult:
     server_exited: bool = False
 
 
-def _probe(url: str, timeout: float) -> tuple[bool, str]:
+def probe(url: str, timeout: float) -> tuple[bool, str]:
     try:
         with urllib.request.urlopen(url, timeout=timeout) as response:
             return 200 <= response.status < 300, f"HTTP {response.status}"
@@ -30,6 +31,19 @@ def _probe(url: str, timeout: float) -> tuple[bool, str]:
     except (urllib.error.URLError, OSError) as e:
         reason = getattr(e, "reason", e)
         return False, str(reason)
+
+
+# Servers open their port only once the model is loaded: until then a read of
+# /proc/net/tcp (~0.1 ms) says "not yet" without an HTTP request.  Once the
+# port listens, health is probed at 20 ms, backing off to `interval`.
+LISTEN_POLL_S = 0.02
+
+
+def _local_port(url: str) -> int | None:
+    parsed = urllib.parse.urlsplit(url)
+    if parsed.hostname in ("127.0.0.1", "localhost", "::1", "0.0.0.0", "::"):
+        return parsed.port or (443 if parsed.scheme == "https" else 80)
+    return None
 
 
 def wait_ready(url: str, pid: int | None, timeout: float, interval: float) -> ReadyResult:
@@ -44,11 +58,18 @@ def wait_ready(url: str, pid: int | None, timeout: float, interval: float) -> Re
     poller = select.poll()
     if pidfd is not None:
         poller.register(pidfd, select.POLLIN)
-    last = ""
+    last = "not listening yet"
+    port = _local_port(url)
+    backoff = LISTEN_POLL_S
     progress = Progress(f"waiting for {url}")
     try:
         while True:
-            ok, last = _probe(url, min(5.0, max(0.5, interval * 2)))
+            if port is None or is_listening(port):
+                ok, last = probe(url, min(5.0, max(0.5, interval * 2)))
+                wait_s = min(interval, backoff)
+                backoff *= 2
+            else:
+                ok, wait_s = False, LISTEN_POLL_S
             elapsed = time.monotonic() - started
             if ok:
                 progress.done(f"{url} answered {last} after {elapsed:.1f}s")
@@ -59,7 +80,7 @@ def wait_ready(url: str, pid: int | None, timeout: float, interval: float) -> Re
                 return ReadyResult(False, elapsed, f"no healthy answer within {timeout:g}s "
                                    f"(last: {last})")
             # Sleep until the next poll, but wake at once if the server dies.
-            if poller.poll(int(min(interval, remaining) * 1000)):
+            if poller.poll(max(1, int(min(wait_s, remaining) * 1000))):
                 return ReadyResult(False, time.monotonic() - started,
                                    f"server pid {pid} exited while loading (last: {last})", True)
     finally:

@@ -17,7 +17,7 @@ from . import exitcodes
 from .attribution import FOREIGN, IGNORED, OWN, SERVICE, Attribution, Holder, attribute
 from .gpus import Backend, Gpu
 from .pidwait import PidSet
-from .procinfo import read_stat, wchan
+from .procinfo import read_proc, read_stat, wchan
 
 # How often to re-ask the backend while it still lists a pid whose pidfd said
 # "exited" (NVML lags the exit by well under this on H200).
@@ -78,7 +78,10 @@ def describe_left(pids: list[int]) -> list[dict[str, object]]:
         state = stat[0]
         note = {"D": "uninterruptible (D-state): likely stuck in the driver",
                 "Z": "zombie", "T": "stopped"}.get(state, "")
-        out.append({"pid": pid, "state": state, "wchan": wchan(pid), "note": note})
+        info = read_proc(pid)
+        out.append({"pid": pid, "state": state, "wchan": wchan(pid), "note": note,
+                    "unit": info.unit if info else None,
+                    "cmdline": info.cmdline if info else ""})
     return out
 
 
@@ -192,5 +195,6 @@ class Reaper:
         self.result.exit_code = exitcodes.TIMED_OUT
         for item in self.result.left:
             _log(f"timed out: pid {item['pid']} still holds the GPU, state {item['state']}, "
-                 f"wchan {item['wchan']} {item['note']}".rstrip())
+                 f"wchan {item['wchan']} {item['note']}".rstrip()
+                 + f" ({item['unit'] or 'no unit'}): {item['cmdline']}")
         self.result.message = "timed out with holders left"

@@ -1,5 +1,5 @@
-"""`python3 -m infer_units ...` is the `infer-units` CLI."""
+"""`python3 -m infer_units ...` is the `infer-units` command."""
 
-from infer_units.helpers.cli import main
+from infer_units.helpers.entry import main
 
 main()

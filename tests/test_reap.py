@@ -281,7 +281,8 @@ def test_wait_free_reports_what_is_left(fake_gpus: FakeGpus, holders) -> None:
     done = run_cli("wait-free", "--gpus", "3", "--timeout", "0.3s", "--unit", "x",
                    "--result", "timeout", env=fake_gpus.env())
     assert done.returncode == 3
-    assert f"pid {h.pid} still holds the GPU" in done.stderr and "x stopped: timeout" in done.stderr
+    assert f"pid {h.pid} still holds the GPU" in done.stderr and "import os, signal" in done.stderr
+    assert "x.service stopped: timeout" in done.stderr
     assert h.alive(), "wait-free must not kill foreign processes"
 
 

@@ -164,6 +164,26 @@ def test_dropin_changes_the_unit(box) -> None:
     box.sh("systemctl stop beta")
 
 
+def test_status_reads_systemd_over_dbus(box) -> None:
+    box.sh("systemctl start beta")
+    main_pid = int(show(box, "beta.service", "MainPID")["MainPID"])
+    out = box.sh("INFER_UNITS_FAKE_GPUS=/etc/infer-units/fakegpus.json "
+                 "infer-units status --json beta").stdout
+    [m] = json.loads(out)["models"]
+    assert m["systemd"]["available"] is True
+    assert (m["systemd"]["active_state"], m["systemd"]["sub_state"]) == ("active", "running")
+    assert m["systemd"]["main_pid"] == main_pid and m["systemd"]["restarts"] == 0
+    assert m["since_s"] is not None and m["since_s"] >= 0
+    assert m["health"] == {"ok": True, "answer": "HTTP 200"}
+    own = [p for p in m["gpu"]["processes"] if p["kind"] == "own"]
+    assert len(own) == 3 and main_pid in {p["pid"] for p in own}
+    assert m["metrics"]["reaps_total"] >= 1
+    table = box.sh("INFER_UNITS_FAKE_GPUS=/etc/infer-units/fakegpus.json infer-units status").stdout
+    row = next(l for l in table.splitlines() if l.startswith("beta "))
+    assert "active/running" in row and str(main_pid) in row and "2,3" in row and "ok" in row
+    box.sh("systemctl stop beta")
+
+
 def _wait(predicate, timeout: float = 10.0) -> bool:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

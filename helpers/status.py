@@ -1,0 +1,122 @@
+"""`infer-units status`: per model, systemd's view (pystemd), its GPUs with
+memory and processes, its port, and whether health answers."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from ..generator.build import load_all
+from ..generator.model import Model
+from ..generator.render import health_url
+from .attribution import attribute
+from .gpus import GpuError, backend, select
+from .metrics import load_state
+from .ready import probe
+from .systemd import SystemdUnavailable, unit_state
+
+SCHEMA_VERSION = 1
+
+
+def _gpu_view(model: Model) -> dict[str, Any]:
+    selector = model.gpu_selector()
+    if selector is None:
+        return {"available": True, "gpus": [], "processes": []}
+    try:
+        b = backend()
+        gpus = select(b.gpus(), selector)
+        seen = attribute(b, gpus, own_unit=model.unit_name)
+    except GpuError as e:
+        return {"available": False, "error": str(e), "gpus": [], "processes": []}
+    return {
+        "available": True, "backend": b.name, "exact": b.exact,
+        "gpus": [{"index": g.index, "uuid": g.uuid, "memory_used_mib": g.memory_used_mib,
+                  "memory_total_mib": g.memory_total_mib} for g in gpus],
+        "processes": [{"pid": h.info.pid, "kind": h.kind, "unit": h.info.unit,
+                       "gpus": sorted(h.use.gpus),
+                       "memory_mib": sum(h.use.memory_mib.values()) or None,
+                       "cmdline": h.info.cmdline[:200]} for h in seen.holders],
+    }
+
+
+def _rss_mib(pid: int) -> int | None:
+    if not pid:
+        return None
+    import psutil
+    try:
+        return psutil.Process(pid).memory_info().rss // (1 << 20)
+    except psutil.Error:
+        return None
+
+
+def model_status(model: Model) -> dict[str, Any]:
+    entry: dict[str, Any] = {"name": model.name, "unit": model.unit_name,
+                             "source": model.main_path, "engine": model.engine,
+                             "port": model.port, "health_url": health_url(model)}
+    try:
+        state = unit_state(model.unit_name)
+        entry["systemd"] = {"available": True, **state.as_json()}
+        entry["since_s"] = (round(time.time() - state.active_since_us / 1e6, 1)
+                            if state.active_since_us and state.active_state == "active" else None)
+        entry["main_rss_mib"] = _rss_mib(state.main_pid)
+    except SystemdUnavailable as e:
+        entry["systemd"] = {"available": False, "error": str(e)}
+    entry["gpu"] = _gpu_view(model)
+    url = entry["health_url"]
+    if url:
+        ok, answer = probe(url, 2.0)
+        entry["health"] = {"ok": ok, "answer": answer}
+    else:
+        entry["health"] = None
+    entry["metrics"] = load_state(model.unit_name)
+    return entry
+
+
+def collect(names: list[str]) -> dict[str, Any]:
+    loaded = load_all(names)
+    return {"schema": SCHEMA_VERSION,
+            "models": [model_status(m) for m in loaded.models],
+            "errors": [str(e) for e in loaded.errors + loaded.conflicts]}
+
+
+def _age(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    for unit, size in (("d", 86400), ("h", 3600), ("min", 60)):
+        if seconds >= size:
+            return f"{seconds / size:.1f}{unit}"
+    return f"{seconds:.0f}s"
+
+
+def table(report: dict[str, Any]) -> str:
+    rows = [("MODEL", "STATE", "PID", "SINCE", "RESTARTS", "GPUS", "MEM MiB", "PORT", "HEALTH")]
+    notes: list[str] = []
+    for m in report["models"]:
+        sd = m["systemd"]
+        if sd["available"]:
+            state = f"{sd['active_state']}/{sd['sub_state']}"
+            pid, restarts = str(sd["main_pid"] or "-"), str(sd["restarts"])
+        else:
+            state, pid, restarts = "systemd unavailable", "-", "-"
+            notes.append(f"{m['name']}: {sd['error']}")
+        gpu = m["gpu"]
+        if gpu["available"]:
+            gpus = ",".join(str(g["index"]) for g in gpu["gpus"]) or "-"
+            used = [g["memory_used_mib"] for g in gpu["gpus"] if g["memory_used_mib"] is not None]
+            mem = str(sum(used)) if used else "-"
+            foreign = [p for p in gpu["processes"] if p["kind"] != "own"
+                       and p["unit"] != m["unit"]]
+            if foreign:
+                notes.append(f"{m['name']}: also on its GPUs: " +
+                             ", ".join(f"pid {p['pid']} ({p['kind']})" for p in foreign))
+        else:
+            gpus, mem = "?", "-"
+            notes.append(f"{m['name']}: GPUs unknown: {gpu['error']}")
+        health = m["health"]
+        answer = "-" if health is None else ("ok" if health["ok"] else health["answer"][:30])
+        rows.append((m["name"], state, pid, _age(m.get("since_s")), restarts, gpus, mem,
+                     str(m["port"] or "-"), answer))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    lines = ["  ".join(r[i].ljust(widths[i]) for i in range(len(r))).rstrip() for r in rows]
+    lines += [f"error: {e}" for e in report["errors"]] + [f"note: {n}" for n in notes]
+    return "\n".join(lines)

@@ -13,7 +13,9 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-PYTHON = "/usr/bin/python3" if os.path.exists("/usr/bin/python3") else sys.executable
+# The interpreter running the tests runs the CLI too (Debian's on hosts, the
+# image's torch Python on the GPU machine).
+PYTHON = sys.executable
 
 
 def base_env(**extra: str) -> dict[str, str]:

@@ -71,8 +71,8 @@ def _engine_argv(m: Model) -> str:
     model = m.model or ""
     looks_local = model.startswith(("/", ".")) or model.endswith(".gguf")
     values = {
-        "python": exec_word(m.python),
-        "executable": exec_word(m.executable or spec.default_executable or ""),
+        "python": exec_word(m.python, first=True),
+        "executable": exec_word(m.executable or spec.default_executable or "", first=True),
         "model": exec_word(model),
         "model_flag": "--model" if looks_local else "--hf-repo",
         "tensor_parallel": exec_word(str(tp)),
@@ -81,7 +81,7 @@ def _engine_argv(m: Model) -> str:
     }
     argv = fill("engines/" + m.engine, values).strip()
     if m.args:
-        argv += " " + exec_line(m.args)
+        argv += " " + " ".join(exec_word(a) for a in m.args)
     return argv
 
 

@@ -15,13 +15,21 @@ _EXEC_TABLE = dict(_ENV_TABLE)
 _EXEC_TABLE[ord("$")] = "$$"
 
 
-def exec_word(word: str) -> str:
-    """One argv word for ExecStart= and friends."""
+# Words made only of these need no quotes (readable units); anything else,
+# the empty word included, is quoted and escaped.
+_SAFE = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_./:,=+-@")
+_PREFIXES = "-@+!:"   # at the start of an Exec line's first word they are flags
+
+
+def exec_word(word: str, first: bool = False) -> str:
+    """One argv word for ExecStart= and friends (`first`: the program)."""
+    if word and _SAFE.issuperset(word) and not (first and word[0] in _PREFIXES):
+        return word
     return '"' + word.translate(_EXEC_TABLE) + '"'
 
 
 def exec_line(argv: list[str] | tuple[str, ...]) -> str:
-    return " ".join(exec_word(w) for w in argv)
+    return " ".join(exec_word(w, i == 0) for i, w in enumerate(argv))
 
 
 def environment_assignment(name: str, value: str) -> str:

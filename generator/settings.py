@@ -229,7 +229,7 @@ class Setting:
 
 SETTINGS: tuple[Setting, ...] = (
     Setting("engine", check_choice(ENGINES), None,
-            "Server to run: " + " | ".join(ENGINES) + ". Required."),
+            "Server to run: " + ", ".join(ENGINES) + ". Required."),
     Setting("model", check_nonempty_str, None,
             "Model path or hub id (every engine but command)."),
     Setting("gpus", check_gpus, None,
@@ -272,8 +272,15 @@ FIXED_TABLES = ("reap", "ready")
 
 def reference_markdown() -> str:
     lines = ["| key | default | meaning |", "| --- | --- | --- |"]
+    from .durations import format_seconds
     for s in SETTINGS:
-        default = "" if s.default in (None, [], {}) else repr(s.default)
+        if s.default in (None, [], {}):
+            default = ""
+        elif s.check is check_duration:
+            default = f'"{format_seconds(s.default)}"'
+        else:
+            default = f'"{s.default}"'
+
         lines.append(f"| `{s.key}` | {default} | {s.help} |")
     lines.append("| `nccl.<name>` | | Any other NCCL variable: `socket-ifname` or `NCCL_SOCKET_IFNAME`. |")
     return "\n".join(lines)

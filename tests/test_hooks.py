@@ -234,3 +234,11 @@ def test_settings_reference_lists_every_key() -> None:
                          text=True, env=base_env(), check=True).stdout
     for key in ("engine", "gpus", "reap.term-grace", "ready.timeout", "nccl.p2p", "install"):
         assert f"`{key}`" in out
+
+
+def test_readme_key_table_is_generated_from_the_settings() -> None:
+    reference = subprocess.run([PYTHON, "-m", "infer_units.generator.settings"],
+                               capture_output=True, text=True, env=base_env(), check=True).stdout
+    readme = (Path(__file__).parent.parent / "README.md").read_text(encoding="utf-8")
+    assert reference.strip() in readme, "README's key table is stale: paste " \
+        "`python3 -m infer_units.generator.settings` into it"

@@ -27,7 +27,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests/e2e"))
 
 from container import Container, available  # noqa: E402
-from conftest import FAKE_TABLE, fake_gpu_table, model_toml  # noqa: E402
+from e2e_support import FAKE_TABLE, fake_gpu_table, model_toml  # noqa: E402
 
 BASELINE = f"""[Unit]
 Description=baseline: the same fake server without infer-units hooks

@@ -33,7 +33,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import run_generator
+from support import run_generator
 from unitfile import environment, exec_argv, values
 
 CASES = Path(__file__).parent / "cases"

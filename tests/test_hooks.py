@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import PYTHON, FakeGpus, base_env, run_cli
+from support import PYTHON, FakeGpus, base_env, run_cli
 
 FAKE_TORCH = Path(__file__).parent / "fake_torch"
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import run_generator
+from support import run_generator
 from test_generator_cases import case_names, prepare
 from unitfile import exec_argv, parse_unit
 

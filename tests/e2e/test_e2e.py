@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from conftest import model_toml
+from e2e_support import model_toml
 
 pytestmark = pytest.mark.e2e
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import PYTHON, base_env, run_cli, wait_until
+from support import PYTHON, base_env, run_cli, wait_until
 
 pytestmark = pytest.mark.gpu
 

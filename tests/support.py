@@ -1,0 +1,117 @@
+"""Shared test helpers: run the real CLI and generator as subprocesses, build
+fake GPU tables, and start real processes that hold fake GPU files.
+(A module of its own: tests/ and tests/e2e/ each have a conftest.py.)"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+# The interpreter running the tests runs the CLI too (Debian's on hosts, the
+# image's torch Python on the GPU machine).
+PYTHON = sys.executable
+
+
+def base_env(**extra: str) -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(ROOT)
+    env.setdefault("SYSTEMD_LOG_TARGET", "console")
+    env.update(extra)
+    return env
+
+
+def run_cli(*args: str, env: dict[str, str] | None = None, timeout: float = 120,
+            check: int | None = None) -> subprocess.CompletedProcess[str]:
+    done = subprocess.run([PYTHON, "-m", "infer_units", *args], capture_output=True, text=True,
+                          env=env or base_env(), timeout=timeout)
+    if check is not None:
+        assert done.returncode == check, (done.returncode, done.stdout, done.stderr)
+    return done
+
+
+def run_generator(out: Path, config_path: str, **env: str) -> subprocess.CompletedProcess[str]:
+    out.mkdir(parents=True, exist_ok=True)
+    return subprocess.run([PYTHON, "-m", "infer_units.generator.main", str(out)],
+                          capture_output=True, text=True, timeout=60,
+                          env=base_env(INFER_UNITS_CONFIG_PATH=config_path, **env))
+
+
+class FakeGpus:
+    """A gpus.json for INFER_UNITS_FAKE_GPUS and its device files."""
+
+    def __init__(self, directory: Path, count: int = 4) -> None:
+        self.dir = directory
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.devices = [self.dir / f"nvidia{i}" for i in range(count)]
+        for d in self.devices:
+            d.touch()
+        self.uuids = [f"GPU-{i:08x}-1111-2222-3333-{i:012x}" for i in range(count)]
+        self.table = self.dir / "gpus.json"
+        self.table.write_text(json.dumps({"gpus": [
+            {"index": i, "uuid": self.uuids[i], "pci": f"0000:{0x41 + i:02x}:00.0",
+             "device": str(self.devices[i]), "memory_mib": 143771} for i in range(count)]}))
+
+    def env(self, **extra: str) -> dict[str, str]:
+        return base_env(INFER_UNITS_FAKE_GPUS=str(self.table), **extra)
+
+
+HOLDER = r"""
+import os, signal, sys, time
+files = [open(p, "rb") for p in sys.argv[2].split(",") if p]
+mode = sys.argv[1]
+if "ignore-term" in mode:
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+if "slow-term" in mode:
+    signal.signal(signal.SIGTERM, lambda *a: (time.sleep(0.3), sys.exit(0)))
+if "orphans" in mode:
+    # A parent with TP-style workers that keep the GPU files after it dies.
+    for _ in range(2):
+        if os.fork() == 0:
+            os.setsid()
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+            while True:
+                time.sleep(60)
+print("ready", flush=True)
+while True:
+    time.sleep(60)
+"""
+
+
+class Holder:
+    """A real process that holds fake GPU device files open."""
+
+    def __init__(self, devices: list[Path], mode: str = "plain", argv0: str | None = None) -> None:
+        argv = [PYTHON, "-c", HOLDER, mode, ",".join(str(d) for d in devices)]
+        if argv0:
+            # Run under another name (ignore-list tests): exec through a symlink.
+            link = Path(devices[0]).parent / argv0
+            if not link.exists():
+                link.symlink_to(PYTHON)
+            argv[0] = str(link)
+        self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True)
+        assert self.proc.stdout is not None
+        line = self.proc.stdout.readline()
+        assert line.strip() == "ready", line
+        self.pid = self.proc.pid
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def stop(self) -> None:
+        if self.alive():
+            self.proc.kill()
+            self.proc.wait()
+
+
+def wait_until(predicate, timeout: float = 10.0, step: float = 0.02) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(step)
+    return predicate()

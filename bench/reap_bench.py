@@ -193,7 +193,7 @@ def main() -> int:
         ret = sorted(r["return_after_last_ms"] for r in rows)
         print(f"\n1. reap return latency, {args.trials} trials, {args.holders} holder(s)"
               + (f" of {args.gib:g} GiB each" if isinstance(b, NvmlBackend) else ""))
-        print(f"   after the last holder was gone"
+        print("   after the last holder was gone"
               + (" and its memory back" if isinstance(b, NvmlBackend) else "")
               + f": median {statistics.median(ret):.2f} ms, max {ret[-1]:.2f} ms "
               f"(goal <= 10 ms: {'met' if statistics.median(ret) <= 10 else 'NOT met'})")

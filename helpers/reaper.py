@@ -129,19 +129,12 @@ class Reaper:
                 self.result.ignored = seen.of_kind(IGNORED)
                 blockers = seen.of_kind(SERVICE)
                 if blockers:
-                    self.result.blocked_by = blockers
-                    self.result.exit_code = exitcodes.BLOCKED
-                    for h in blockers:
-                        _log(f"blocked: pid {h.info.pid} {h.why}; not touching it: {h.info.cmdline}")
-                    self.result.message = "GPU held by another infer-units service"
+                    self._block(blockers, "blocked", "GPU held by another infer-units service")
                     return
                 own, foreign = seen.of_kind(OWN), seen.of_kind(FOREIGN)
                 if foreign and policy.foreign == "fail":
-                    self.result.blocked_by = foreign
-                    self.result.exit_code = exitcodes.BLOCKED
-                    for h in foreign:
-                        _log(f"blocked (foreign = fail): pid {h.info.pid} {h.why}: {h.info.cmdline}")
-                    self.result.message = "foreign GPU users and foreign = \"fail\""
+                    self._block(foreign, "blocked (foreign = fail)",
+                                "foreign GPU users and foreign = \"fail\"")
                     return
                 to_kill = own + (foreign if policy.foreign == "kill" else [])
                 to_wait = foreign if policy.foreign == "wait" else []
@@ -161,6 +154,14 @@ class Reaper:
                 if time.monotonic() >= deadline or rounds > 50:
                     self._time_out(pids)
                     return
+
+    def _block(self, holders: list[Holder], label: str, message: str) -> None:
+        """Exit 2, touching nothing."""
+        self.result.blocked_by = holders
+        self.result.exit_code = exitcodes.BLOCKED
+        for h in holders:
+            _log(f"{label}: pid {h.info.pid} {h.why}; not touching it: {h.info.cmdline}")
+        self.result.message = message
 
     def _reap_round(self, pids: PidSet, to_kill: list[Holder], deadline: float) -> None:
         """TERM, wait for grace, KILL, wait for exit, then until the backend agrees."""

@@ -9,12 +9,10 @@ import json
 import os
 import socket
 import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
 
-import pytest
 
 from support import PYTHON, FakeGpus, base_env, run_cli
 

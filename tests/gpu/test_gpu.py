@@ -9,7 +9,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -140,7 +139,7 @@ def test_orphaned_workers_are_reaped_and_their_memory_comes_back() -> None:
 def test_status_without_systemd_still_shows_the_gpus(tmp_path: Path) -> None:
     etc = tmp_path / "etc"
     etc.mkdir()
-    (etc / "m.toml").write_text(f'engine = "sglang"\nmodel = "/m"\ngpus = [0]\nport = 18777\n')
+    (etc / "m.toml").write_text('engine = "sglang"\nmodel = "/m"\ngpus = [0]\nport = 18777\n')
     proc, _ = cuda_holder(0)
     try:
         env = base_env(INFER_UNITS_CONFIG_PATH=str(etc))

@@ -100,6 +100,14 @@ def _hook(*argv: str) -> str:
     return exec_line([HOOK_CLI, *argv])
 
 
+def _ignore_args(m: Model) -> list[str]:
+    args = []
+    for name in m.reap_ignore:
+        if name not in BUILTIN_IGNORE:   # the helpers always spare those
+            args += ["--ignore", name]
+    return args
+
+
 def _exec_start_pre(m: Model) -> list[str]:
     """One privileged process for every start check (each process start costs
     ~50 ms of the restart; see bench/restart_bench.py)."""
@@ -111,9 +119,7 @@ def _exec_start_pre(m: Model) -> list[str]:
         argv += ["--gpus", selector, "--foreign", m.reap_foreign,
                  "--term-grace", format_seconds(m.reap_term_grace),
                  "--timeout", format_seconds(m.reap_timeout)]
-        for name in m.reap_ignore:
-            if name not in BUILTIN_IGNORE:   # the helpers always spare those
-                argv += ["--ignore", name]
+        argv += _ignore_args(m)
     if m.port is not None:
         argv += ["--host", m.host, "--port", str(m.port)]
     if pci or p2p:
@@ -161,7 +167,7 @@ def render(m: Model) -> RenderedUnit:
             "--interval", format_seconds(m.ready_interval)) + " --pid $MAINPID")
     selector = m.gpu_selector()
     stop_post = (_hook("wait-free", "--gpus", selector, "--unit", m.unit_name,
-                       "--timeout", format_seconds(m.reap_timeout)) +
+                       "--timeout", format_seconds(m.reap_timeout), *_ignore_args(m)) +
                  " --result $SERVICE_RESULT") if selector else ""
     values = {
         "version": __version__,

@@ -174,3 +174,29 @@ def test_p2p_selftest_on_real_gpus(tmp_path: Path) -> None:
     assert len(report["report"]["pairs"]) == len(GPUS) * (len(GPUS) - 1)
     assert ("P2P on" in done.stderr) == report["ok"]
     assert ("NCCL_P2P_DISABLE=1" in env_file.read_text()) == (not report["ok"])
+
+
+def test_pre_start_and_wait_free_hooks_on_real_gpus(tmp_path: Path) -> None:
+    """The unit's hooks as systemd would run them (no systemd here): pre-start
+    reaps the foreign user of GPU 0 only; wait-free then finds GPU 0 free."""
+    foreign, _ = cuda_holder(0)
+    other = cuda_holder(1)[0] if len(GPUS) > 1 else None
+    env = base_env(INFER_UNITS_STATE_DIR=str(tmp_path / "state"))
+    try:
+        done = run_cli("pre-start", "--unit", "m.service", "--gpus", "0", "--term-grace", "5s",
+                       "--timeout", "30s", "--port", "18779", env=env)
+        print(done.stderr)
+        assert done.returncode == 0
+        assert f"sending SIGTERM to pid {foreign.pid}" in done.stderr
+        assert foreign.wait(10) is not None
+        if other is not None:
+            assert other.poll() is None
+        free = run_cli("wait-free", "--gpus", "0", "--unit", "m", "--timeout", "10s",
+                       "--result", "success", env=env)
+        print(free.stderr)
+        assert free.returncode == 0 and "GPU 0 free after" in free.stderr
+    finally:
+        for p in (foreign, other):
+            if p is not None:
+                p.kill()
+                p.wait()

@@ -9,7 +9,7 @@ from typing import Any
 
 import click
 
-from .exitcodes import BLOCKED, CLEAN, CONFIG_ERROR, TIMED_OUT
+from .exitcodes import CLEAN, CONFIG_ERROR
 
 
 def _duration(value: str, name: str) -> float:
@@ -97,4 +97,3 @@ def check(names: tuple[str, ...]) -> None:
 
 from . import cli_gpu  # noqa: E402,F401  (registers the GPU commands on `main`)
 
-__all__ = ["main", "BLOCKED", "TIMED_OUT", "_duration"]

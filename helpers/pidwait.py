@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import select
 import time
+from typing import Callable
 
 from .procinfo import ProcInfo, read_stat
 
@@ -41,18 +42,27 @@ class PidSet:
     def alive(self) -> list[int]:
         return sorted(self.fds)
 
-    def wait(self, deadline: float) -> list[int]:
+    def wait(self, deadline: float, tick: Callable[[list[int]], None] | None = None,
+             tick_s: float = 1.0) -> list[int]:
         """Block until every process has exited or `deadline` (monotonic) passes;
-        returns the pids still alive."""
+        returns the pids still alive.  `tick(alive)` runs about every `tick_s`
+        while waiting (progress); an exit still wakes the wait at once."""
         poller = select.poll()
         by_fd = {}
         for pid, fd in self.fds.items():
             poller.register(fd, select.POLLIN)
             by_fd[fd] = pid
+        next_tick = time.monotonic() + tick_s    # quick exits print nothing
         while by_fd:
-            remaining = deadline - time.monotonic()
+            now = time.monotonic()
+            remaining = deadline - now
             if remaining <= 0:
                 break
+            if tick is not None:
+                if now >= next_tick:
+                    tick(self.alive())
+                    next_tick = now + tick_s
+                remaining = min(remaining, next_tick - now)
             for fd, _event in poller.poll(max(1, int(remaining * 1000 + 0.999))):
                 poller.unregister(fd)
                 self._forget(by_fd.pop(fd))

@@ -18,6 +18,7 @@ from .attribution import FOREIGN, IGNORED, OWN, SERVICE, Attribution, Holder, at
 from .gpus import Backend, Gpu
 from .pidwait import PidSet
 from .procinfo import read_proc, read_stat, wchan
+from .progress import Progress
 
 # How often to re-ask the backend while it still lists a pid whose pidfd said
 # "exited" (NVML lags the exit by well under this on H200).
@@ -169,12 +170,19 @@ class Reaper:
         for h in to_kill:
             if h.info.pid in pids.fds:
                 self._signal(pids, h, signal.SIGTERM, h.why)
-        alive = set(pids.wait(grace_end))
+        progress = Progress("waiting for GPU users to exit")
+        started = time.monotonic()
+
+        def tick(alive: list[int]) -> None:
+            progress.update(f"pid {', '.join(map(str, alive))}, "
+                            f"{time.monotonic() - started:.0f}s")
+
+        alive = set(pids.wait(grace_end, tick))
         for h in to_kill:
             if h.info.pid in alive:
                 self._signal(pids, h, signal.SIGKILL,
                              f"still alive {self.policy.term_grace:g}s after SIGTERM")
-        pids.wait(deadline)
+        pids.wait(deadline, tick)
         gone = {h.info.pid for h in to_kill} - set(pids.alive())
         # The exit is the event; the backend (NVML) must stop listing the pid too.
         while gone and time.monotonic() < deadline:

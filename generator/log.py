@@ -51,8 +51,5 @@ class GeneratorLog:
     def error(self, message: str) -> None:
         self.log(LEVELS["err"], message)
 
-    def warning(self, message: str) -> None:
-        self.log(LEVELS["warning"], message)
-
     def debug(self, message: str) -> None:
         self.log(LEVELS["debug"], message)

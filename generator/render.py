@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 
 from .. import __version__
 from ..units.compiled import TEMPLATES
@@ -12,9 +11,7 @@ from .model import Model
 from .settings import BUILTIN_IGNORE, is_pci
 from .systemd_quote import environment_assignment, exec_line, exec_word, plain_value
 
-# The CLI the hooks call; the .deb installs it here.  Tests that run units
-# outside the package point it elsewhere.
-HOOK_CLI = os.environ.get("INFER_UNITS_HOOK_CLI", "/usr/bin/infer-units")
+HOOK_CLI = "/usr/bin/infer-units"   # where the .deb installs the CLI the hooks call
 ENV_FILE_DIR = "/run/infer-units"
 # Headroom in TimeoutStartSec beyond the sum of the hooks' own timeouts.
 START_MARGIN_S = 30.0

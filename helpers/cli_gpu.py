@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import os
 import sys
-import time
 
 import click
 
@@ -92,10 +91,10 @@ def reap(selector: str, unit: str | None, foreign: str, term_grace: str, timeout
     if as_json:
         click.echo(json.dumps(result.as_json(), indent=2))
     else:
-        killed = sum(1 for a in result.actions)
+        sent = len(result.actions)
         click.echo(f"infer-units: reap GPU {','.join(str(g.index) for g in gpus)}: "
                    f"{result.message} after {result.seconds * 1000:.0f} ms"
-                   + (f", {killed} signal(s) sent" if killed else ""), err=True)
+                   + (f", {sent} signal(s) sent" if sent else ""), err=True)
     if not dry_run:
         record_reap(unit_name(unit), result)
     sys.exit(result.exit_code)
@@ -109,21 +108,10 @@ def reap(selector: str, unit: str | None, foreign: str, term_grace: str, timeout
 @click.option("--timeout", default="60s")
 def wait_port(port: int, host: str, timeout: str) -> None:
     """Wait until the port is free; name who holds it if it is not."""
-    from .ports import port_holders, wait_port_free
-    started = time.monotonic()
-    first = port_holders(port)
-    if first:
-        for info in first:
-            click.echo(f"infer-units: port {port} held by {info.describe()}; waiting", err=True)
-    if wait_port_free(host, port, _duration(timeout, "--timeout")):
-        if first:
-            click.echo(f"infer-units: port {port} free after "
-                       f"{(time.monotonic() - started) * 1000:.0f} ms", err=True)
-        return
-    holders_now = port_holders(port)
-    who = "; ".join(i.describe() for i in holders_now) if holders_now else \
-        "a process out of sight (another network namespace?)"
-    _fail(f"port {port} still in use after {timeout}: {who}", exitcodes.TIMED_OUT)
+    from .ports import wait_port_reporting
+    if not wait_port_reporting(host, port, _duration(timeout, "--timeout"),
+                               lambda m: click.echo(f"infer-units: {m}", err=True)):
+        sys.exit(exitcodes.TIMED_OUT)
 
 
 # --------------------------------------------------------------------- unit hooks

@@ -15,6 +15,7 @@ import time
 
 from ..generator.durations import parse_duration
 from . import exitcodes
+from .ports import wait_port_reporting
 
 HOOKS = ("pre-start", "wait-ready", "wait-free")
 
@@ -89,14 +90,8 @@ def pre_start(argv: list[str]) -> int:
             return result.exit_code
         if a.resolve_pci and a.env_file:
             update_env_file(a.env_file, {"CUDA_VISIBLE_DEVICES": ",".join(g.uuid for g in gpus)})
-    if a.port:
-        from .ports import port_holders, wait_port_free
-        if not wait_port_free(a.host, a.port, a.timeout):
-            holders = port_holders(a.port)
-            who = "; ".join(i.describe() for i in holders) if holders else \
-                "a process out of sight (another network namespace?)"
-            _say(f"port {a.port} still in use after {a.timeout:g}s: {who}")
-            return exitcodes.TIMED_OUT
+    if a.port and not wait_port_reporting(a.host, a.port, a.timeout, _say):
+        return exitcodes.TIMED_OUT
     if a.p2p and a.gpus and a.env_file:
         from .metrics import record_p2p
         from .p2p import check_p2p

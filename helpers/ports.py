@@ -6,6 +6,7 @@ import errno
 import os
 import socket
 import time
+from typing import Callable
 
 from .procinfo import ProcInfo, read_proc
 
@@ -69,6 +70,25 @@ def can_bind(host: str, port: int) -> bool:
         except OSError as e:
             # Only "in use" is ours to wait out; a bad address is the server's to report.
             return e.errno != errno.EADDRINUSE
+
+
+def wait_port_reporting(host: str, port: int, timeout: float,
+                        say: Callable[[str], None]) -> bool:
+    """wait_port_free, saying who holds the port when it is taken, and who
+    still does if it is not free in time."""
+    started = time.monotonic()
+    first = port_holders(port)
+    for info in first or []:
+        say(f"port {port} held by {info.describe()}; waiting")
+    if wait_port_free(host, port, timeout):
+        if first:
+            say(f"port {port} free after {(time.monotonic() - started) * 1000:.0f} ms")
+        return True
+    holders = port_holders(port)
+    who = "; ".join(i.describe() for i in holders) if holders else \
+        "a process out of sight (another network namespace?)"
+    say(f"port {port} still in use after {timeout:g}s: {who}")
+    return False
 
 
 def wait_port_free(host: str, port: int, timeout: float, poll_s: float = 0.05) -> bool:

@@ -240,3 +240,29 @@ def test_readme_key_table_is_generated_from_the_settings() -> None:
     readme = (Path(__file__).parent.parent / "README.md").read_text(encoding="utf-8")
     assert reference.strip() in readme, "README's key table is stale: paste " \
         "`python3 -m infer_units.generator.settings` into it"
+
+
+def test_pre_start_reaps_then_waits_for_the_port(fake_gpus: FakeGpus, holders,
+                                                 tmp_path: Path) -> None:
+    stale = holders([fake_gpus.devices[0]])
+    env = fake_gpus.env(INFER_UNITS_STATE_DIR=str(tmp_path / "state"))
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        done = run_cli("pre-start", "--unit", "m", "--gpus", "0", "--term-grace", "2s",
+                       "--timeout", "0.3s", "--port", str(port), env=env)
+    assert done.returncode == 3
+    assert f"sending SIGTERM to pid {stale.pid}" in done.stderr
+    assert f"port {port} held by pid {os.getpid()}" in done.stderr
+    assert f"port {port} still in use after 0.3s: pid {os.getpid()}" in done.stderr
+    again = run_cli("pre-start", "--unit", "m", "--gpus", "0", "--port", str(port), env=env)
+    assert again.returncode == 0 and "start checks passed" in again.stderr
+
+
+def test_pre_start_usage_errors_exit_1(fake_gpus: FakeGpus) -> None:
+    done = run_cli("pre-start", "--gpus", "0", env=fake_gpus.env())
+    assert done.returncode == 1 and "--unit" in done.stderr
+    bad = run_cli("pre-start", "--unit", "m", "--gpus", "0", "--timeout", "soon",
+                  env=fake_gpus.env())
+    assert bad.returncode == 1 and "bad time span 'soon'" in bad.stderr

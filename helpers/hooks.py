@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
 import time
 
@@ -56,6 +57,24 @@ def unit_name(name: str | None) -> str | None:
 
 # ------------------------------------------------------------------ pre-start
 
+def _refuse_without_restart(unit: str | None) -> None:
+    """Blocked: cancel our own start job so Restart=on-failure does not retry
+    until the other service lets go of the GPUs and then take them unasked."""
+    from .procinfo import read_cgroup, unit_of_cgroup
+    if not unit or unit_of_cgroup(read_cgroup(os.getpid())) != unit:
+        _say(f"not in {unit}'s cgroup ({read_cgroup(os.getpid())}): no start job to cancel")
+        return      # run by hand, not as the unit's ExecStartPre
+    from .systemd import cancel_own_start
+    # The stop job SIGTERMs us: still leave with "blocked".
+    signal.signal(signal.SIGTERM, lambda *_: os._exit(exitcodes.BLOCKED))
+    # Said first: the stop job's SIGTERM can end us before StopUnit returns.
+    _say(f"start of {unit} refused; no automatic restart (systemctl start it again "
+         "once the GPUs are free)")
+    why_not = cancel_own_start(unit)
+    if why_not is not None:
+        _say(f"could not cancel the start of {unit} ({why_not}): Restart= may retry it")
+
+
 def pre_start(argv: list[str]) -> int:
     p = _Parser(prog="infer-units pre-start",
                 description="ExecStartPre: reap the unit's GPUs, wait until they and the "
@@ -86,6 +105,8 @@ def pre_start(argv: list[str]) -> int:
         record_reap(unit, result)
         gpu_list = ",".join(str(g.index) for g in gpus)
         _say(f"reap GPU {gpu_list}: {result.message} after {result.seconds * 1000:.0f} ms")
+        if result.exit_code == exitcodes.BLOCKED:
+            _refuse_without_restart(unit)
         if result.exit_code != exitcodes.CLEAN:
             return result.exit_code
         if a.resolve_pci and a.env_file:

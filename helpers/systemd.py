@@ -105,6 +105,20 @@ def stop_units(names: list[str], timeout: float) -> list[str]:
     return pending
 
 
+def cancel_own_start(unit: str) -> str | None:
+    """Queue a stop job for `unit` without waiting (it replaces our own start
+    job): a start refused as blocked must not come back through Restart=,
+    which systemd applies to failed ExecStartPre= too (RestartPreventExitStatus=
+    only looks at the main process).  Returns why it could not, or None."""
+    try:
+        _manager().Manager.StopUnit(unit.encode(), b"replace")
+        return None
+    except SystemdUnavailable as e:
+        return str(e)
+    except Exception as e:
+        return f"StopUnit failed: {e}"
+
+
 def main_exit_status(invocation_id: str | None, pid: int | None, wait_s: float = 1.0) -> int | None:
     """The exit status systemd recorded for our unit's main process, waiting
     briefly for systemd to notice the death; None when unknown."""

@@ -127,11 +127,17 @@ def test_another_service_on_the_gpus_blocks_the_start(box) -> None:
     before = {h["pid"] for h in holders(box, "0,1")}
     done = box.sh("systemctl start gamma", check=False)
     assert done.returncode != 0
-    assert "belongs to infer-units service alpha.service" in box.journal("gamma.service")
-    assert show(box, "gamma.service", "ExecMainStatus", "Result")["Result"] == "exit-code"
+    log = box.journal("gamma.service")
+    assert "belongs to infer-units service alpha.service" in log
+    assert "start of gamma.service refused; no automatic restart" in log
+    # Restart=on-failure must not retry a refused start (and take the GPUs
+    # unasked once alpha stops).
+    time.sleep(3)   # RestartSec is 1s in these models
+    props = show(box, "gamma.service", "NRestarts", "ActiveState")
+    assert props["NRestarts"] == "0" and props["ActiveState"] in ("failed", "inactive"), props
     assert {h["pid"] for h in holders(box, "0,1")} == before
     assert show(box, "alpha.service", "ActiveState")["ActiveState"] == "active"
-    box.sh("systemctl reset-failed gamma")
+    box.sh("systemctl reset-failed gamma", check=False)
 
 
 def test_stop_leaves_the_gpus_free(box) -> None:
@@ -182,6 +188,22 @@ def test_status_reads_systemd_over_dbus(box) -> None:
     row = next(l for l in table.splitlines() if l.startswith("beta "))
     assert "active/running" in row and str(main_pid) in row and "2,3" in row and "ok" in row
     box.sh("systemctl stop beta")
+
+
+def test_drain_stops_the_services_and_reaps_every_holder(box) -> None:
+    box.sh("systemctl start alpha beta")
+    box.sh("systemd-run --unit=stray-holder /usr/bin/python3 -c "
+           "'import time; f=open(\"/var/lib/fakegpu/nvidia4\"); time.sleep(3600)'")
+    assert _wait(lambda: holders(box, "4") != [])
+    done = box.sh("INFER_UNITS_FAKE_GPUS=/etc/infer-units/fakegpus.json "
+                  "infer-units drain --term-grace 2s --timeout 30s", check=False)
+    assert done.returncode == 0, done.stderr
+    assert "stopping alpha.service, beta.service" in done.stderr
+    for unit in ("alpha", "beta"):
+        assert show(box, f"{unit}.service", "ActiveState")["ActiveState"] == "inactive"
+    assert holders(box, "all") == []
+    assert "0 process(es) hold /dev/nvidia*" in done.stderr
+    assert "refcount" in done.stderr
 
 
 def _wait(predicate, timeout: float = 10.0) -> bool:

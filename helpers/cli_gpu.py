@@ -1,5 +1,6 @@
-"""The GPU commands of `infer-units`: holders, reap, wait-free, wait-port,
-wait-ready, p2p-check, drain."""
+"""The operator commands of `infer-units` that touch GPUs, ports and systemd:
+holders, reap, wait-port, p2p-check, status, drain; and the unit hooks
+(pre-start, wait-ready, wait-free) listed for --help, run by hooks.py."""
 
 from __future__ import annotations
 
@@ -136,17 +137,19 @@ _hook_command("wait-free", "ExecStopPost: wait until the GPUs are free; report w
 
 @main.command("p2p-check")
 @click.option("--gpus", "selector", required=True)
-@click.option("--env-file", required=True)
+@click.option("--env-file", default=None,
+              help="Set or clear NCCL_P2P_DISABLE here (default: only report).")
 @click.option("--python", "python", default=sys.executable,
               help="Interpreter with torch (the engine's).")
 @click.option("--timeout", default="90s")
-def p2p_check(selector: str, env_file: str, python: str, timeout: str) -> None:
+def p2p_check(selector: str, env_file: str | None, python: str, timeout: str) -> None:
     """Copy-and-compare between every GPU pair; NCCL_P2P_DISABLE=1 on failure."""
     from .metrics import record_p2p
     from .p2p import check_p2p
     _b, gpus = _gpus(selector)
     verdict = check_p2p(gpus, env_file, python, _duration(timeout, "--timeout"))
-    record_p2p(os.path.basename(env_file).removesuffix(".env"), verdict)
+    if env_file:
+        record_p2p(os.path.basename(env_file).removesuffix(".env"), verdict)
 
 
 # --------------------------------------------------------------------- status

@@ -58,10 +58,12 @@ def _run_selftest(python: str, gpus: list[Gpu], timeout: float) -> dict[str, obj
     return json.loads(lines[-1])
 
 
-def check_p2p(gpus: list[Gpu], env_file: str, python: str, timeout: float = 90.0) -> P2PVerdict:
+def check_p2p(gpus: list[Gpu], env_file: str | None, python: str,
+              timeout: float = 90.0) -> P2PVerdict:
     if len(gpus) < 2:
-        update_env_file(env_file, {"NCCL_P2P_DISABLE": None})
-        return P2PVerdict(True, False, "one GPU: no peer traffic", {})
+        verdict = P2PVerdict(True, False, "one GPU: no peer traffic", {})
+        _apply(verdict, env_file)
+        return verdict
     path = cache_path(gpus)
     boot = _boot_id()
     try:
@@ -99,8 +101,11 @@ def check_p2p(gpus: list[Gpu], env_file: str, python: str, timeout: float = 90.0
     return verdict
 
 
-def _apply(verdict: P2PVerdict, env_file: str) -> None:
-    update_env_file(env_file, {"NCCL_P2P_DISABLE": None if verdict.ok else "1"})
-    state = "on" if verdict.ok else "OFF (NCCL_P2P_DISABLE=1 in " + env_file + ")"
+def _apply(verdict: P2PVerdict, env_file: str | None) -> None:
+    if env_file:
+        update_env_file(env_file, {"NCCL_P2P_DISABLE": None if verdict.ok else "1"})
+        state = "on" if verdict.ok else f"OFF (NCCL_P2P_DISABLE=1 in {env_file})"
+    else:
+        state = "on" if verdict.ok else "broken (would set NCCL_P2P_DISABLE=1)"
     print(f"infer-units: P2P {state}: {verdict.reason}"
           + (" [result cached this boot]" if verdict.cached else ""), file=sys.stderr, flush=True)

@@ -4,6 +4,7 @@ here" into SystemdUnavailable."""
 
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -123,7 +124,6 @@ def main_exit_status(invocation_id: str | None, pid: int | None, wait_s: float =
     """The exit status systemd recorded for our unit's main process, waiting
     briefly for systemd to notice the death; None when unknown."""
     from .procinfo import read_cgroup, unit_of_cgroup
-    import os
     unit = unit_of_cgroup(read_cgroup(os.getpid()))
     if not unit or not invocation_id:
         return None

@@ -266,3 +266,11 @@ def test_pre_start_usage_errors_exit_1(fake_gpus: FakeGpus) -> None:
     bad = run_cli("pre-start", "--unit", "m", "--gpus", "0", "--timeout", "soon",
                   env=fake_gpus.env())
     assert bad.returncode == 1 and "bad time span 'soon'" in bad.stderr
+
+
+def test_p2p_check_without_env_file_only_reports(fake_gpus: FakeGpus, tmp_path: Path) -> None:
+    done = run_cli("p2p-check", "--gpus", "0,1", "--python", PYTHON, env=fake_gpus.env(
+        PYTHONPATH=f"{FAKE_TORCH}:{base_env()['PYTHONPATH']}", FAKE_TORCH_CORRUPT="1>0",
+        INFER_UNITS_P2P_CACHE=str(tmp_path / "p2p"), INFER_UNITS_P2P_MIB="1"))
+    assert done.returncode == 0
+    assert "P2P broken (would set NCCL_P2P_DISABLE=1): peer copy failed: GPU 1->0" in done.stderr

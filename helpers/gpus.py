@@ -190,13 +190,13 @@ class NvmlBackend(Backend):
 
 # ------------------------------------------------------------------ /proc backend
 
-def _nvidia_device_files() -> list[str]:
+def _nvidia_device_files(dev: str = "/dev") -> list[str]:
     try:
-        names = os.listdir("/dev")
+        names = os.listdir(dev)
     except OSError:
         return []
-    out = [f"/dev/{n}" for n in sorted(names) if n.startswith("nvidia")]
-    caps = "/dev/nvidia-caps"
+    out = [f"{dev}/{n}" for n in sorted(names) if n.startswith("nvidia")]
+    caps = f"{dev}/nvidia-caps"
     if os.path.isdir(caps):
         out += [f"{caps}/{n}" for n in sorted(os.listdir(caps))]
     return [p for p in out if not os.path.isdir(p)]
@@ -226,17 +226,22 @@ class ProcBackend(Backend):
     name = "proc"
     exact = False
 
+    def __init__(self, proc_dir: str = NVIDIA_PROC, dev_dir: str = "/dev") -> None:
+        # Other roots only for tests (real files in a temporary directory).
+        self.proc_dir = proc_dir
+        self.dev_dir = dev_dir
+
     def gpus(self) -> list[Gpu]:
         out = []
-        for index, pci in enumerate(sorted(os.listdir(NVIDIA_PROC))):
+        for index, pci in enumerate(sorted(os.listdir(self.proc_dir))):
             try:
-                with open(f"{NVIDIA_PROC}/{pci}/information", encoding="utf-8") as f:
+                with open(f"{self.proc_dir}/{pci}/information", encoding="utf-8") as f:
                     info = _parse_information(f.read())
             except OSError:
                 continue
             minor = info.get("Device Minor", str(index))
             out.append(Gpu(index=index, uuid=info.get("GPU UUID", ""), pci=normalize_pci(pci),
-                           device=f"/dev/nvidia{minor}", memory_total_mib=None))
+                           device=f"{self.dev_dir}/nvidia{minor}", memory_total_mib=None))
         return out
 
     def users(self, gpus: list[Gpu]) -> dict[int, GpuUse]:
@@ -253,7 +258,7 @@ class ProcBackend(Backend):
         return uses
 
     def device_files(self) -> list[str]:
-        return _nvidia_device_files()
+        return _nvidia_device_files(self.dev_dir)
 
 
 # ------------------------------------------------------------------ selection

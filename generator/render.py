@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-
 from .. import __version__
 from ..units.compiled import TEMPLATES
 from .durations import format_seconds

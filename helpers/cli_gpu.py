@@ -13,6 +13,7 @@ import click
 from . import exitcodes
 from .cli import _duration, main
 from .hooks import gpus_or_exit, unit_name
+from .table import format_table
 
 
 def _fail(message: str, code: int = exitcodes.CONFIG_ERROR) -> None:
@@ -58,9 +59,8 @@ def holders(selector: str | None, as_json: bool) -> None:
         mem = sum(h.use.memory_mib.values()) if h.use.memory_mib else "-"
         rows.append((str(i.pid), i.user, ",".join(map(str, sorted(h.use.gpus))), str(mem),
                      i.unit or i.container or "-", h.kind, i.cmdline[:80]))
-    widths = [max(len(r[c]) for r in rows) for c in range(len(rows[0]) - 1)]
-    for r in rows:
-        click.echo("  ".join(r[c].ljust(widths[c]) for c in range(len(widths))) + "  " + r[-1])
+    for line in format_table(rows):
+        click.echo(line)
     if len(rows) == 1:
         click.echo(f"no process uses GPU {','.join(str(g.index) for g in gpus)}")
 
@@ -87,8 +87,8 @@ def reap(selector: str, unit: str | None, foreign: str, term_grace: str, timeout
     b, gpus = _gpus(selector)
     result = Reaper(b, gpus, unit_name(unit), policy).run()
     if env_file and not dry_run and result.exit_code == exitcodes.CLEAN:
-        from .envfile import update_env_file
-        update_env_file(env_file, {"CUDA_VISIBLE_DEVICES": ",".join(g.uuid for g in gpus)})
+        from .envfile import write_visible_devices
+        write_visible_devices(env_file, gpus)
     if as_json:
         click.echo(json.dumps(result.as_json(), indent=2))
     else:
@@ -149,7 +149,8 @@ def p2p_check(selector: str, env_file: str | None, python: str, timeout: str) ->
     _b, gpus = _gpus(selector)
     verdict = check_p2p(gpus, env_file, python, _duration(timeout, "--timeout"))
     if env_file:
-        record_p2p(os.path.basename(env_file).removesuffix(".env"), verdict)
+        # /run/infer-units/<name>.env belongs to <name>.service
+        record_p2p(unit_name(os.path.basename(env_file).removesuffix(".env")), verdict)
 
 
 # --------------------------------------------------------------------- status

@@ -5,6 +5,10 @@ from __future__ import annotations
 
 import os
 
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from .gpus import Gpu
+
 
 def update_env_file(path: str, values: dict[str, str | None]) -> None:
     """Set (or, with None, remove) keys, keeping the others; atomic rename."""
@@ -23,6 +27,11 @@ def update_env_file(path: str, values: dict[str, str | None]) -> None:
     with open(tmp, "w", encoding="utf-8") as f:
         f.write("".join(line + "\n" for line in kept))
     os.replace(tmp, path)
+
+
+def write_visible_devices(path: str, gpus: list[Gpu]) -> None:
+    """CUDA takes no PCI bus ids: name the selected GPUs by UUID for the server."""
+    update_env_file(path, {"CUDA_VISIBLE_DEVICES": ",".join(g.uuid for g in gpus)})
 
 
 def read_env_file(path: str) -> dict[str, str]:

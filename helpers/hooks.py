@@ -18,9 +18,6 @@ from ..generator.durations import parse_duration
 from . import exitcodes
 from .ports import wait_port_reporting
 
-HOOKS = ("pre-start", "wait-ready", "wait-free")
-
-
 def _say(message: str) -> None:
     print(f"infer-units: {message}", file=sys.stderr, flush=True)
 
@@ -96,7 +93,7 @@ def pre_start(argv: list[str]) -> int:
     unit = unit_name(a.unit)
     started = time.monotonic()
     if a.gpus:
-        from .envfile import update_env_file
+        from .envfile import write_visible_devices
         from .metrics import record_reap
         from .reaper import Reaper, ReapPolicy
         b, gpus = gpus_or_exit(a.gpus)
@@ -110,13 +107,13 @@ def pre_start(argv: list[str]) -> int:
         if result.exit_code != exitcodes.CLEAN:
             return result.exit_code
         if a.resolve_pci and a.env_file:
-            update_env_file(a.env_file, {"CUDA_VISIBLE_DEVICES": ",".join(g.uuid for g in gpus)})
+            write_visible_devices(a.env_file, gpus)
     if a.port and not wait_port_reporting(a.host, a.port, a.timeout, _say):
         return exitcodes.TIMED_OUT
     if a.p2p and a.gpus and a.env_file:
         from .metrics import record_p2p
         from .p2p import check_p2p
-        record_p2p(unit.removesuffix(".service") if unit else "", check_p2p(gpus, a.env_file, a.python))
+        record_p2p(unit, check_p2p(gpus, a.env_file, a.python))
     _say(f"start checks passed in {(time.monotonic() - started) * 1000:.0f} ms")
     return exitcodes.CLEAN
 
@@ -168,9 +165,7 @@ def wait_free(argv: list[str]) -> int:
     if result.exit_code == exitcodes.CLEAN:
         _say(f"GPU {','.join(str(g.index) for g in gpus)} free after "
              f"{result.seconds * 1000:.0f} ms{where}")
-    else:
-        for h in result.blocked_by:
-            _say(f"still held by {h.info.describe()} ({h.why})")
+    else:   # the reaper has logged each holder left, with why
         _say(f"GPU not free{where}: {result.message}")
     return result.exit_code
 

@@ -58,8 +58,8 @@ def record_free(unit: str | None, result: Any) -> None:
     _update(unit, {"last_free_seconds": result.seconds, "last_free_exit": result.exit_code}, {})
 
 
-def record_p2p(name: str, verdict: Any) -> None:
-    _update(f"{name}.service", {"p2p_ok": 1 if verdict.ok else 0, "p2p_reason": verdict.reason},
+def record_p2p(unit: str | None, verdict: Any) -> None:
+    _update(unit, {"p2p_ok": 1 if verdict.ok else 0, "p2p_reason": verdict.reason},
             {})
 
 

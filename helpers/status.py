@@ -14,6 +14,7 @@ from .gpus import GpuError, backend, select
 from .metrics import load_state
 from .ready import probe
 from .systemd import SystemdUnavailable, unit_state
+from .table import format_table
 
 SCHEMA_VERSION = 1
 
@@ -104,8 +105,7 @@ def table(report: dict[str, Any]) -> str:
             gpus = ",".join(str(g["index"]) for g in gpu["gpus"]) or "-"
             used = [g["memory_used_mib"] for g in gpu["gpus"] if g["memory_used_mib"] is not None]
             mem = str(sum(used)) if used else "-"
-            foreign = [p for p in gpu["processes"] if p["kind"] != "own"
-                       and p["unit"] != m["unit"]]
+            foreign = [p for p in gpu["processes"] if p["kind"] != "own"]
             if foreign:
                 notes.append(f"{m['name']}: also on its GPUs: " +
                              ", ".join(f"pid {p['pid']} ({p['kind']})" for p in foreign))
@@ -116,7 +116,6 @@ def table(report: dict[str, Any]) -> str:
         answer = "-" if health is None else ("ok" if health["ok"] else health["answer"][:30])
         rows.append((m["name"], state, pid, _age(m.get("since_s")), restarts, gpus, mem,
                      str(m["port"] or "-"), answer))
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    lines = ["  ".join(r[i].ljust(widths[i]) for i in range(len(r))).rstrip() for r in rows]
+    lines = format_table(rows)
     lines += [f"error: {e}" for e in report["errors"]] + [f"note: {n}" for n in notes]
     return "\n".join(lines)

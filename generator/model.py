@@ -56,6 +56,12 @@ class Model:
     def unit_name(self) -> str:
         return f"{self.name}.service"
 
+    @property
+    def gpus_by_pci(self) -> bool:
+        """GPUs named by PCI bus id (one kind per file): CUDA cannot take those."""
+        return isinstance(self.gpus, list) and any(
+            isinstance(g, str) and is_pci(g) for g in self.gpus)
+
     def gpu_selector(self) -> str | None:
         """The --gpus argument the helpers take: "0,1", "GPU-..,GPU-..", "all"."""
         if self.gpus is None:

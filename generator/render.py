@@ -7,7 +7,7 @@ from ..units.compiled import TEMPLATES
 from .durations import format_seconds
 from .engines import ENGINE_SPECS
 from .model import Model
-from .settings import BUILTIN_IGNORE, is_pci
+from .settings import BUILTIN_IGNORE
 from .systemd_quote import environment_assignment, exec_line, exec_word, plain_value
 
 HOOK_CLI = "/usr/bin/infer-units"   # where the .deb installs the CLI the hooks call
@@ -83,7 +83,7 @@ def _engine_argv(m: Model) -> str:
 
 def _environment(m: Model) -> list[str]:
     env: dict[str, str] = {}
-    if isinstance(m.gpus, list) and not any(isinstance(g, str) and is_pci(g) for g in m.gpus):
+    if isinstance(m.gpus, list) and not m.gpus_by_pci:
         env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in m.gpus)
     if m.nccl_p2p == "off":
         env["NCCL_P2P_DISABLE"] = "1"
@@ -109,7 +109,9 @@ def _exec_start_pre(m: Model) -> list[str]:
     ~50 ms of the restart; see bench/restart_bench.py)."""
     argv = ["pre-start", "--unit", m.unit_name]
     selector = m.gpu_selector()
-    pci = isinstance(m.gpus, list) and any(isinstance(g, str) and is_pci(g) for g in m.gpus)
+    if selector is None and m.port is None:
+        return []       # nothing to clean or wait for
+    pci = m.gpus_by_pci
     p2p = m.nccl_p2p == "auto" and selector is not None
     if selector is not None:
         argv += ["--gpus", selector, "--foreign", m.reap_foreign,
@@ -127,8 +129,6 @@ def _exec_start_pre(m: Model) -> list[str]:
         argv.append("--p2p")
         if ENGINE_SPECS[m.engine].module:
             argv += ["--python", m.python]
-    if len(argv) == 3:
-        return []
     return ["ExecStartPre=+" + _hook(*argv)]
 
 

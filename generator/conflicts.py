@@ -18,7 +18,7 @@ def find_conflicts(models: list[Model]) -> list[ConfigError]:
     errors: list[ConfigError] = []
     gpu_owner: dict[str, Model] = {}
     all_owner: Model | None = None
-    port_owners: dict[int, list[Model]] = {}
+    port_owners: dict[int, list[tuple[Model, str]]] = {}
     for m in sorted(models, key=lambda m: m.name):
         if m.gpus == "all":
             others = ([all_owner] if all_owner else []) + list(dict.fromkeys(gpu_owner.values()))
@@ -35,14 +35,26 @@ def find_conflicts(models: list[Model]) -> list[ConfigError]:
                     errors.append(_clash(m, "gpus", f"GPU {key} also used", other))
                 else:
                     gpu_owner[key] = m
-        if m.port is not None:
-            for other in port_owners.get(m.port, []):
-                if m.host == other.host or m.host in _WILDCARD_HOSTS or other.host in _WILDCARD_HOSTS:
-                    errors.append(_clash(m, "port", f"port {m.port} also used", other))
+        # Every port the model listens on: its own and the engine's helpers
+        # (TGI's torch master and prometheus ports), so fixed defaults collide
+        # here and not at start.
+        for what, port in m.ports.items():
+            for other, other_what in port_owners.get(port, []):
+                # The engines bind their helper ports on every address.
+                if (what != "port" or other_what != "port" or m.host == other.host
+                        or m.host in _WILDCARD_HOSTS or other.host in _WILDCARD_HOSTS):
+                    errors.append(_clash(m, "port" if what == "port" else "args",
+                                         f"{_port_text(what, port)} also used"
+                                         + ("" if other_what == what else f" (as {other_what})"),
+                                         other))
                     break
-            port_owners.setdefault(m.port, []).append(m)
+            port_owners.setdefault(port, []).append((m, what))
     return errors
 
 
 def _clash(m: Model, key: str, what: str, other: Model) -> ConfigError:
     return ConfigError(m.main_path, key, f"{what} by {other.name} ({other.main_path})")
+
+
+def _port_text(what: str, port: int) -> str:
+    return f"port {port}" if what == "port" else f"{what} {port}"

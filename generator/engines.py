@@ -1,34 +1,85 @@
 """What differs between inference servers, as data.  Their argv lives in the
-templates units/engines/<engine>.j2; this table holds what the code decides on."""
+templates units/engines/<engine>.j2; this table holds what the code decides on.
+
+Each number here was read in the engine's sources (README.md, "Engines", says
+which version); the comments say where it comes from.
+"""
 
 from __future__ import annotations
 
 
 class EngineSpec:
-    __slots__ = ("module", "default_executable", "tp_flag", "health_path")
+    __slots__ = ("module", "default_executable", "tp_flag", "health_path", "probe_timeout",
+                 "stop_timeout", "p2p_off_args", "port_flags", "path_flags", "env")
 
     def __init__(self, module: str | None, default_executable: str | None, tp_flag: bool,
-                 health_path: str | None) -> None:
+                 health_path: str | None, probe_timeout: float, stop_timeout: float,
+                 p2p_off_args: tuple[str, ...] = (),
+                 port_flags: tuple[tuple[str, int], ...] = (),
+                 path_flags: tuple[tuple[str, str], ...] = (),
+                 env: tuple[tuple[str, str], ...] = ()) -> None:
         self.module = module                      # python engines: `<python> -m <module>`
         self.default_executable = default_executable  # binary engines (systemd's search path)
         self.tp_flag = tp_flag                    # the server takes a tensor-parallel size
         self.health_path = health_path            # default readiness endpoint
+        self.probe_timeout = probe_timeout        # one health request may take this long
+        self.stop_timeout = stop_timeout          # the server's own drain window
+        # argv that turns off every peer-to-peer path NCCL_P2P_DISABLE does not reach
+        self.p2p_off_args = p2p_off_args
+        # Ports and paths the engine fixes by default, so two instances on one
+        # host collide: (flag, offset from the model's port) and (flag, pattern
+        # with {name}); rendered unless the user's args set the flag.
+        self.port_flags = port_flags
+        self.path_flags = path_flags
+        self.env = env                            # fixed environment the unit sets
 
     @property
     def uses_executable(self) -> bool:
         return self.default_executable is not None
 
 
+# Custom all-reduce kernels of SGLang and vLLM use CUDA IPC peer access
+# directly: NCCL_P2P_DISABLE=1 does not reach them.
+_NO_CUSTOM_ALL_REDUCE = ("--disable-custom-all-reduce",)
+
 ENGINE_SPECS: dict[str, EngineSpec] = {
-    # python -m sglang.launch_server --model-path M --tp-size N --host H --port P
-    "sglang": EngineSpec("sglang.launch_server", None, True, "/health"),
-    # python -m vllm.entrypoints.openai.api_server --model M --tensor-parallel-size N
-    "vllm": EngineSpec("vllm.entrypoints.openai.api_server", None, True, "/health"),
+    # python -m sglang.launch_server --model-path M --tp-size N --host H --port P.
+    # /health sleeps 1 s and generates one token before answering (503 while
+    # warming up or shutting down): a probe needs far more than a second.
+    # SIGTERM drains in-flight requests, then kills its process tree.
+    "sglang": EngineSpec("sglang.launch_server", None, True, "/health", probe_timeout=30.0,
+                         stop_timeout=60.0, p2p_off_args=_NO_CUSTOM_ALL_REDUCE),
+    # python -m vllm.entrypoints.cli.main serve M --tensor-parallel-size N: the
+    # `vllm serve` entry (the openai.api_server module is deprecated and has
+    # no --headless).  /health is cheap: 200 once the engine is up.
+    "vllm": EngineSpec("vllm.entrypoints.cli.main", None, True, "/health", probe_timeout=10.0,
+                       stop_timeout=30.0, p2p_off_args=_NO_CUSTOM_ALL_REDUCE),
     # python -m tensorrt_llm.commands.serve M --tp_size N (the trtllm-serve entry point)
-    "trtllm": EngineSpec("tensorrt_llm.commands.serve", None, True, "/health"),
-    # text-generation-launcher --model-id M --num-shard N --hostname H --port P
-    "tgi": EngineSpec(None, "text-generation-launcher", True, "/health"),
-    # llama-server splits layers over every visible GPU; it has no TP size flag
-    "llamacpp": EngineSpec(None, "llama-server", False, "/health"),
-    "command": EngineSpec(None, None, False, "/health"),
+    "trtllm": EngineSpec("tensorrt_llm.commands.serve", None, True, "/health",
+                         probe_timeout=10.0, stop_timeout=30.0),
+    # text-generation-launcher: launcher -> shards -> router; the router (and
+    # with it /health) appears only once every shard is ready.  It gives its
+    # children 90 s of graceful termination.  Fixed defaults that collide
+    # between two TGI models: --master-port 29500, --prometheus-port 9000,
+    # --shard-uds-path /tmp/text-generation-server.
+    "tgi": EngineSpec(None, "text-generation-launcher", True, "/health", probe_timeout=10.0,
+                      stop_timeout=90.0,
+                      port_flags=(("--master-port", 1), ("--prometheus-port", 2)),
+                      path_flags=(("--shard-uds-path", "/tmp/text-generation-server-{name}"),)),
+    # llama-server splits layers over every visible GPU; it has no TP size flag.
+    # /health answers 503 "Loading model" until the model is loaded.
+    "llamacpp": EngineSpec(None, "llama-server", False, "/health", probe_timeout=10.0,
+                           stop_timeout=30.0),
+    "command": EngineSpec(None, None, False, "/health", probe_timeout=10.0, stop_timeout=30.0),
 }
+
+
+def flag_value(args: tuple[str, ...] | list[str], flag: str) -> str | None:
+    """The value the user's args give `flag` (`--flag V` or `--flag=V`), if any."""
+    found = None
+    for i, word in enumerate(args):
+        if word == flag and i + 1 < len(args):
+            found = args[i + 1]
+        elif word.startswith(flag + "="):
+            found = word[len(flag) + 1:]
+    return found

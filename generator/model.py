@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .engines import ENGINE_SPECS
+from .engines import ENGINE_SPECS, flag_value
 from .errors import ConfigError
 from .loader import MergedConfig
 from .settings import (BUILTIN_IGNORE, BY_KEY, FIXED_TABLES, is_pci, scalar_text)
@@ -42,6 +42,12 @@ class Model:
     ready_url: str | None
     ready_timeout: float
     ready_interval: float
+    ready_probe_timeout: float
+    stop_timeout: float
+    # Per-instance ports and paths for engines whose defaults collide on one
+    # host, rendered after the engine's argv: ("--master-port", "8001"), ...
+    instance_args: tuple[tuple[str, str], ...]
+    ports: dict[str, int]           # what listens where: {"port": 8000, "--master-port": 8001}
     unit_directives: dict[str, list[str]]
     service_directives: dict[str, list[str]]
     install_directives: dict[str, list[str]]
@@ -123,6 +129,8 @@ def build_model(merged: MergedConfig) -> Model:
     for key, setting in BY_KEY.items():
         values.setdefault(key, setting.default)
     _cross_check(values, merged)
+    spec = ENGINE_SPECS[values["engine"]]
+    instance_args, ports = _instance_ports(merged.name, values, spec, merged)
     return Model(
         name=merged.name,
         main_path=merged.main_path,
@@ -149,10 +157,42 @@ def build_model(merged: MergedConfig) -> Model:
         ready_url=values["ready.url"],
         ready_timeout=values["ready.timeout"],
         ready_interval=values["ready.interval"],
+        ready_probe_timeout=(values["ready.probe-timeout"] if values["ready.probe-timeout"]
+                             is not None else spec.probe_timeout),
+        stop_timeout=(values["stop.timeout"] if values["stop.timeout"] is not None
+                      else spec.stop_timeout),
+        instance_args=instance_args,
+        ports=ports,
         unit_directives=values["unit"],
         service_directives=values["service"],
         install_directives=values["install"],
     )
+
+
+def _instance_ports(name: str, v: dict[str, Any], spec: Any, merged: MergedConfig,
+                    ) -> tuple[tuple[tuple[str, str], ...], dict[str, int]]:
+    """The engine's per-instance ports (derived from `port` unless args set
+    them) and paths, so two models of one engine never share its defaults."""
+    args: list[tuple[str, str]] = []
+    ports: dict[str, int] = {}
+    if v["port"] is not None:
+        ports["port"] = v["port"]
+    for flag, offset in spec.port_flags:
+        given = flag_value(v["args"], flag)
+        if given is None:
+            port = v["port"] + offset
+            if port > 65535:
+                raise ConfigError(merged.file_of("port"), "port",
+                                  f"{v['engine']} also needs {flag} = port + {offset}, which is "
+                                  f"above 65535; choose a lower port or set {flag} in args")
+            args.append((flag, str(port)))
+            ports[flag] = port
+        elif given.isascii() and given.isdigit():
+            ports[flag] = int(given)
+    for flag, pattern in spec.path_flags:
+        if flag_value(v["args"], flag) is None:
+            args.append((flag, pattern.format(name=name)))
+    return tuple(args), ports
 
 
 def _cross_check(v: dict[str, Any], merged: MergedConfig) -> None:
@@ -195,6 +235,21 @@ def _cross_check(v: dict[str, Any], merged: MergedConfig) -> None:
             fail("gpus", "mixes indexes, UUIDs and PCI bus ids; use one kind")
     if v["ready.url"] is not None and not v["ready.url"].startswith(("http://", "https://")):
         fail("ready.url", "must start with http:// or https://")
+    for key, instead in (("TimeoutStopSec", "[stop] timeout"),
+                         ("TimeoutStartSec", "[ready] timeout")):
+        if key in v["service"]:
+            fail(f"service.{key}", f"derived by infer-units so that its hooks fit; set "
+                 f"{instead} instead")
+    ready_env = v["env"].get("VLLM_ENGINE_READY_TIMEOUT_S")
+    if engine == "vllm" and ready_env is not None:
+        try:
+            seconds = float(ready_env)
+        except ValueError:
+            seconds = -1.0
+        if not seconds >= v["ready.timeout"]:
+            fail("env.VLLM_ENGINE_READY_TIMEOUT_S",
+                 f"{ready_env!r} is below [ready] timeout ({v['ready.timeout']:g}s): vLLM "
+                 "would abort its own start first (leave it unset: infer-units sets it)")
     for key in v["install"]:
         if key not in ("WantedBy", "RequiredBy", "UpheldBy"):
             fail(f"install.{key}", "generated units only support WantedBy, RequiredBy, UpheldBy")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 from .. import __version__
 from ..units.compiled import TEMPLATES
 from .durations import format_seconds
@@ -15,6 +17,14 @@ ENV_FILE_DIR = "/run/infer-units"
 # Headroom in TimeoutStartSec beyond the sum of the hooks' own timeouts.
 START_MARGIN_S = 30.0
 P2P_ALLOWANCE_S = 120.0
+# TimeoutStopSec beyond the server's drain window ([stop] timeout): systemd
+# gives the main process and then ExecStopPost each TimeoutStopSec, and
+# wait-free (bounded by [stop] timeout) must end before systemd kills it.
+STOP_MARGIN_S = 15.0
+# With p2p = "auto" the self-test's verdict reaches the server's argv through
+# systemd's unbraced $VAR expansion (split into words; none when empty).
+P2P_ARGS_VAR = "INFER_UNITS_P2P_OFF_ARGS"
+VLLM_DEFAULT_READY_S = 600   # vLLM's own VLLM_ENGINE_READY_TIMEOUT_S default
 
 _INSTALL_DIRS = {"WantedBy": ".wants", "RequiredBy": ".requires", "UpheldBy": ".upholds"}
 
@@ -76,6 +86,12 @@ def _engine_argv(m: Model) -> str:
         "port": exec_word(str(m.port)),
     }
     argv = fill("engines/" + m.engine, values).strip()
+    for flag, value in m.instance_args:
+        argv += f" {flag} {exec_word(value)}"
+    if spec.p2p_off_args and m.nccl_p2p == "off":
+        argv += " " + " ".join(exec_word(a) for a in spec.p2p_off_args)
+    elif spec.p2p_off_args and m.nccl_p2p == "auto":
+        argv += f" ${P2P_ARGS_VAR}"
     if m.args:
         argv += " " + " ".join(exec_word(a) for a in m.args)
     return argv
@@ -87,6 +103,13 @@ def _environment(m: Model) -> list[str]:
         env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in m.gpus)
     if m.nccl_p2p == "off":
         env["NCCL_P2P_DISABLE"] = "1"
+    elif m.nccl_p2p == "auto" and ENGINE_SPECS[m.engine].p2p_off_args:
+        env[P2P_ARGS_VAR] = ""      # until the self-test says otherwise (EnvironmentFile=)
+    if m.engine == "vllm":
+        # vLLM aborts its own start after this many seconds ("often caused by
+        # slow weight loading"): never before our [ready] timeout.
+        env["VLLM_ENGINE_READY_TIMEOUT_S"] = str(max(VLLM_DEFAULT_READY_S,
+                                                     math.ceil(m.ready_timeout)))
     env.update(m.nccl_env)
     env.update(m.env)
     return [f"Environment={environment_assignment(k, v)}" for k, v in env.items()]
@@ -127,6 +150,10 @@ def _exec_start_pre(m: Model) -> list[str]:
         argv.append("--resolve-pci")
     if p2p:
         argv.append("--p2p")
+        off_args = ENGINE_SPECS[m.engine].p2p_off_args
+        if off_args:
+            # --opt=value: the value starts with dashes
+            argv.append("--p2p-off-args=" + " ".join(off_args))
         if ENGINE_SPECS[m.engine].module:
             argv += ["--python", m.python]
     return ["ExecStartPre=+" + _hook(*argv)]
@@ -135,10 +162,16 @@ def _exec_start_pre(m: Model) -> list[str]:
 def _timeout_start(m: Model) -> float:
     total = m.reap_term_grace + 2 * m.reap_timeout + START_MARGIN_S   # reap, then port
     if health_url(m) is not None:
-        total += m.ready_timeout
+        total += m.ready_timeout + m.ready_probe_timeout
     if m.nccl_p2p == "auto":
         total += P2P_ALLOWANCE_S
     return total
+
+
+def _stop_post_timeout(m: Model) -> float:
+    """wait-free waits for the unit's own processes and their memory; bounded
+    so that it ends before TimeoutStopSec (stop.timeout + margin) kills it."""
+    return min(m.reap_timeout, max(1.0, m.stop_timeout))
 
 
 def _directives(directives: dict[str, list[str]]) -> list[str]:
@@ -160,10 +193,11 @@ def render(m: Model) -> RenderedUnit:
     if url is not None:
         post.append("ExecStartPost=" + _hook(
             "wait-ready", "--url", url, "--timeout", format_seconds(m.ready_timeout),
-            "--interval", format_seconds(m.ready_interval)) + " --pid $MAINPID")
+            "--interval", format_seconds(m.ready_interval),
+            "--probe-timeout", format_seconds(m.ready_probe_timeout)) + " --pid $MAINPID")
     selector = m.gpu_selector()
     stop_post = (_hook("wait-free", "--gpus", selector, "--unit", m.unit_name,
-                       "--timeout", format_seconds(m.reap_timeout), *_ignore_args(m)) +
+                       "--timeout", format_seconds(_stop_post_timeout(m)), *_ignore_args(m)) +
                  " --result $SERVICE_RESULT") if selector else ""
     values = {
         "version": __version__,
@@ -179,6 +213,7 @@ def render(m: Model) -> RenderedUnit:
         "exec_start_post": "\n".join(post),
         "exec_stop_post": f"ExecStopPost=+{stop_post}" if stop_post else "",
         "timeout_start": format_seconds(_timeout_start(m)),
+        "timeout_stop": format_seconds(m.stop_timeout + STOP_MARGIN_S),
         "service_directives": "\n".join(_directives(m.service_directives)),
     }
     text = fill("service", values)

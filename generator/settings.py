@@ -259,6 +259,12 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("ready.url", check_nonempty_str, None, "Health URL; default: the engine's."),
     Setting("ready.timeout", check_duration, 1200.0, "How long the server may take to load."),
     Setting("ready.interval", check_duration, 1.0, "Time between health polls."),
+    Setting("ready.probe-timeout", check_duration, None,
+            "How long one health request may take; default per engine (SGLang's /health "
+            "generates a token: 30s; others 10s)."),
+    Setting("stop.timeout", check_duration, None,
+            "How long the server may drain after SIGTERM; default per engine (TGI 90s, "
+            "SGLang 60s, others 30s). TimeoutStopSec= is derived from it."),
     Setting("unit", check_directives, {}, "Raw [Unit] directives."),
     Setting("service", check_directives, {}, "Raw [Service] directives (they win over ours)."),
     Setting("install", check_directives, {},
@@ -267,7 +273,7 @@ SETTINGS: tuple[Setting, ...] = (
 
 BY_KEY: dict[str, Setting] = {s.key: s for s in SETTINGS}
 # Tables whose own keys are fixed (others are free-form: env, unit, service, install).
-FIXED_TABLES = ("reap", "ready")
+FIXED_TABLES = ("reap", "ready", "stop")
 
 
 def reference_markdown() -> str:

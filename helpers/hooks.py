@@ -89,6 +89,9 @@ def pre_start(argv: list[str]) -> int:
                    help="write CUDA_VISIBLE_DEVICES (UUIDs) for PCI selectors")
     p.add_argument("--p2p", action="store_true", help="run the P2P self-test")
     p.add_argument("--python", default=sys.executable, help="interpreter with torch")
+    p.add_argument("--p2p-off-args", default="",
+                   help="server argv that P2P off needs beyond NCCL_P2P_DISABLE=1 "
+                        "(e.g. --disable-custom-all-reduce), written to the env file")
     a = p.parse_args(argv)
     unit = unit_name(a.unit)
     started = time.monotonic()
@@ -113,7 +116,7 @@ def pre_start(argv: list[str]) -> int:
     if a.p2p and a.gpus and a.env_file:
         from .metrics import record_p2p
         from .p2p import check_p2p
-        record_p2p(unit, check_p2p(gpus, a.env_file, a.python))
+        record_p2p(unit, check_p2p(gpus, a.env_file, a.python, off_args=a.p2p_off_args))
     _say(f"start checks passed in {(time.monotonic() - started) * 1000:.0f} ms")
     return exitcodes.CLEAN
 
@@ -128,9 +131,12 @@ def wait_ready(argv: list[str]) -> int:
     p.add_argument("--pid", type=int)
     p.add_argument("--timeout", type=_duration, default=1200.0)
     p.add_argument("--interval", type=_duration, default=1.0)
+    p.add_argument("--probe-timeout", type=_duration, default=10.0,
+                   help="how long one health request may take (SGLang's /health generates "
+                        "a token before it answers)")
     a = p.parse_args(argv)
     from .ready import wait_ready as wait
-    result = wait(a.url, a.pid, a.timeout, a.interval)
+    result = wait(a.url, a.pid, a.timeout, a.interval, a.probe_timeout)
     if result.ready:
         return exitcodes.CLEAN
     if result.server_exited:

@@ -58,11 +58,15 @@ def _run_selftest(python: str, gpus: list[Gpu], timeout: float) -> dict[str, obj
     return json.loads(lines[-1])
 
 
+# The unit's ExecStart expands this (unbraced $VAR: zero words when empty).
+OFF_ARGS_VAR = "INFER_UNITS_P2P_OFF_ARGS"
+
+
 def check_p2p(gpus: list[Gpu], env_file: str | None, python: str,
-              timeout: float = 90.0) -> P2PVerdict:
+              timeout: float = 90.0, off_args: str = "") -> P2PVerdict:
     if len(gpus) < 2:
         verdict = P2PVerdict(True, False, "one GPU: no peer traffic", {})
-        _apply(verdict, env_file)
+        _apply(verdict, env_file, off_args)
         return verdict
     path = cache_path(gpus)
     boot = _boot_id()
@@ -71,7 +75,7 @@ def check_p2p(gpus: list[Gpu], env_file: str | None, python: str,
             cached = json.load(f)
         if cached.get("boot_id") == boot:
             verdict = P2PVerdict(bool(cached["ok"]), True, str(cached["reason"]), cached["report"])
-            _apply(verdict, env_file)
+            _apply(verdict, env_file, off_args)
             return verdict
     except (OSError, ValueError, KeyError):
         pass
@@ -82,7 +86,7 @@ def check_p2p(gpus: list[Gpu], env_file: str | None, python: str,
         # Could not test: P2P off to be safe, and no cache so the next start tries again.
         verdict = P2PVerdict(False, False, f"self-test could not run ({report.get('error')}); "
                              "P2P disabled to be safe", report)
-        _apply(verdict, env_file)
+        _apply(verdict, env_file, off_args)
         return verdict
     else:
         bad = [p for p in report.get("pairs", []) if isinstance(p, dict) and not p.get("ok")]
@@ -97,15 +101,18 @@ def check_p2p(gpus: list[Gpu], env_file: str | None, python: str,
         json.dump({"boot_id": boot, "ok": verdict.ok, "reason": verdict.reason,
                    "report": verdict.report, "gpus": [g.uuid for g in gpus]}, f)
     os.replace(path + ".tmp", path)
-    _apply(verdict, env_file)
+    _apply(verdict, env_file, off_args)
     return verdict
 
 
-def _apply(verdict: P2PVerdict, env_file: str | None) -> None:
+def _apply(verdict: P2PVerdict, env_file: str | None, off_args: str) -> None:
+    off = "NCCL_P2P_DISABLE=1" + (f" and {off_args}" if off_args else "")
     if env_file:
-        update_env_file(env_file, {"NCCL_P2P_DISABLE": None if verdict.ok else "1"})
-        state = "on" if verdict.ok else f"OFF (NCCL_P2P_DISABLE=1 in {env_file})"
+        update_env_file(env_file, {"NCCL_P2P_DISABLE": None if verdict.ok else "1",
+                                   OFF_ARGS_VAR: None if verdict.ok or not off_args
+                                   else off_args})
+        state = "on" if verdict.ok else f"OFF ({off} in {env_file})"
     else:
-        state = "on" if verdict.ok else "broken (would set NCCL_P2P_DISABLE=1)"
+        state = "on" if verdict.ok else f"broken (would set {off})"
     print(f"infer-units: P2P {state}: {verdict.reason}"
           + (" [result cached this boot]" if verdict.cached else ""), file=sys.stderr, flush=True)

@@ -46,7 +46,8 @@ def _local_port(url: str) -> int | None:
     return None
 
 
-def wait_ready(url: str, pid: int | None, timeout: float, interval: float) -> ReadyResult:
+def wait_ready(url: str, pid: int | None, timeout: float, interval: float,
+               probe_timeout: float = 10.0) -> ReadyResult:
     started = time.monotonic()
     deadline = started + timeout
     pidfd: int | None = None
@@ -65,7 +66,9 @@ def wait_ready(url: str, pid: int | None, timeout: float, interval: float) -> Re
     try:
         while True:
             if port is None or is_listening(port):
-                ok, last = probe(url, min(5.0, max(0.5, interval * 2)))
+                # One request gets probe_timeout whatever the interval: SGLang's
+                # /health sleeps 1 s and generates a token before it answers.
+                ok, last = probe(url, max(0.1, min(probe_timeout, deadline - time.monotonic())))
                 wait_s = min(interval, backoff)
                 backoff *= 2
             else:

@@ -30,7 +30,7 @@ TEMPLATES: dict[str, tuple[str, ...]] = {
         'KillMode=mixed',
         'KillSignal=SIGTERM',
         'TimeoutStartSec={timeout_start}',
-        'TimeoutStopSec=30s',
+        'TimeoutStopSec={timeout_stop}',
         'Restart=on-failure',
         'RestartSec=5s',
         '{service_directives}',
@@ -51,6 +51,6 @@ TEMPLATES: dict[str, tuple[str, ...]] = {
         '{python} -m tensorrt_llm.commands.serve {model} --tp_size {tensor_parallel} --host {host} --port {port}',
     ),
     'engines/vllm': (
-        '{python} -m vllm.entrypoints.openai.api_server --model {model} --tensor-parallel-size {tensor_parallel} --host {host} --port {port}',
+        '{python} -m vllm.entrypoints.cli.main serve {model} --tensor-parallel-size {tensor_parallel} --host {host} --port {port}',
     ),
 }

@@ -10,12 +10,14 @@ from pathlib import Path
 import pytest
 
 from container import Container, available
-from e2e_support import FAKE_GPU_COUNT, FAKE_TABLE, fake_gpu_table, model_toml
+from e2e_support import FAKE_GPU_COUNT, FAKE_TABLE, fake_gpu_table, install_fakes, model_toml
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    # Tests marked `last` (removing the package) run after every other e2e file.
+    items.sort(key=lambda item: item.get_closest_marker("last") is not None)
     reason = available()
     for item in items:
         if "e2e" in str(item.fspath):
@@ -39,8 +41,7 @@ def box(deb: Path):
     c = Container()
     try:
         c.boot()
-        c.write("/usr/local/bin/fake-engine",
-                (ROOT / "tests/e2e/fake_engine.py").read_text(), mode=0o755)
+        install_fakes(c, ROOT)
         c.write(FAKE_TABLE, fake_gpu_table())
         c.sh("mkdir -p /var/lib/fakegpu && for i in $(seq 0 %d); do : > /var/lib/fakegpu/nvidia$i; done"
              % (FAKE_GPU_COUNT - 1))

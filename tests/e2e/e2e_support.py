@@ -28,3 +28,63 @@ def model_toml(name: str, gpus: list[int], port: int, extra_args: list[str] | No
               "", "[ready]", f'timeout = "{ready_timeout}"', 'interval = "100ms"',
               "", "[service]", 'RestartSec = "1s"']
     return "\n".join(lines) + "\n"
+
+
+FAKES = {"fake-engine": "/usr/local/bin/fake-engine", "fake-python": "/usr/local/bin/fake-python",
+         "fake-tgi": "/usr/local/bin/fake-tgi",
+         "fake-llama-server": "/usr/local/bin/fake-llama-server"}
+
+
+def install_fakes(box, root) -> None:
+    """The fake engines under the names that pick their personality, and the
+    CPU stand-in for torch that fake-python puts on the path."""
+    source = (root / "tests/e2e/fake_engine.py").read_text()
+    for path in FAKES.values():
+        box.write(path, source, mode=0o755)
+    box.write("/usr/local/lib/fake-torch/torch/__init__.py",
+              (root / "tests/fake_torch/torch/__init__.py").read_text())
+
+
+def engine_toml(name: str, engine: str, gpus: list[int], port: int, *, env: dict[str, str]
+                | None = None, p2p: str = "on", ready: str = "", extra: str = "") -> str:
+    """A model of a real engine kind whose interpreter or binary is its fake."""
+    lines = [f'engine = "{engine}"', f'model = "/models/{name}"', f"gpus = {gpus}",
+             f"port = {port}"]
+    if engine in ("sglang", "vllm", "trtllm"):
+        lines.append(f'python = "{FAKES["fake-python"]}"')
+    elif engine == "tgi":
+        lines.append(f'executable = "{FAKES["fake-tgi"]}"')
+    elif engine == "llamacpp":
+        lines.append(f'executable = "{FAKES["fake-llama-server"]}"')
+    lines.append(extra)
+    lines += ["[env]", f'INFER_UNITS_FAKE_GPUS = "{FAKE_TABLE}"',
+              f'FAKE_RECORD = "/run/{name}.json"']
+    for k, v in (env or {}).items():
+        lines.append(f"{k} = {json.dumps(v)}")
+    lines += ["[nccl]", f'p2p = "{p2p}"',
+              "[reap]", 'term-grace = "1s"', 'timeout = "15s"',
+              "[ready]", 'timeout = "60s"', ready,
+              "[service]", 'RestartSec = "1s"']
+    return "\n".join(lines) + "\n"
+
+
+# ---------------------------------------------------------------- reading the box
+
+def show(box, unit: str, *props: str) -> dict[str, str]:
+    out = box.sh(f"systemctl show {unit} " + " ".join(f"-p {p}" for p in props)).stdout
+    return dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
+
+
+def holders(box, gpus: str) -> list[dict]:
+    out = box.sh(f"INFER_UNITS_FAKE_GPUS=/etc/infer-units/fakegpus.json "
+                 f"infer-units holders --json --gpus {gpus}").stdout
+    return json.loads(out)["holders"]
+
+
+def alive(box, pid: int) -> bool:
+    state = box.sh(f"cat /proc/{pid}/stat 2>/dev/null || true").stdout
+    return bool(state) and state.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def add_model(box, name: str, text: str) -> None:
+    box.write(f"/etc/infer-units/{name}.toml", text)

@@ -1,14 +1,36 @@
 #!/usr/bin/python3
-"""A stand-in inference server for the end-to-end tests.
+"""Stand-in inference servers for the end-to-end tests, one per engine, each
+reproducing what a unit depends on (README.md, "Engines", says which upstream
+versions these were read in).  The personality comes from the name it runs
+under:
 
-Like a tensor-parallel server it holds "its GPUs" (the fake device files of
-CUDA_VISIBLE_DEVICES, looked up in INFER_UNITS_FAKE_GPUS), forks workers that
-hold them too (one ignores SIGTERM), loads for a while, then answers
-GET /health with 200.  On SIGTERM the main process drains briefly and exits,
-leaving its workers behind for systemd's KillMode=mixed to SIGKILL.
+  fake-engine --port P [--load S] [--crash-after S] [--workers N] [--record F] [--notify]
+      engine = "command": holds its GPUs with N workers (one ignores SIGTERM),
+      loads, then answers /health 200.
+  fake-python -m sglang.launch_server --model-path M --tp-size N --host H --port P ...
+      SGLang: the HTTP server starts only once the schedulers are ready; /health
+      answers 503 while warming up and while shutting down, otherwise sleeps
+      FAKE_HEALTH_S (1 s, like upstream) and "generates a token" before 200.
+      SIGTERM: /health 503, drain in-flight requests, kill the process tree.
+  fake-python -m vllm.entrypoints.cli.main serve M --tensor-parallel-size N ...
+      vLLM: binds its port at once but listens only when the engine is up;
+      aborts its own start after VLLM_ENGINE_READY_TIMEOUT_S (600 s default);
+      API server -> EngineCore -> workers; /health 200 once up.
+  fake-python <anything else>: the real python3 with a CPU stand-in for torch
+      (the P2P self-test runs with the engine's interpreter).
+  fake-tgi --model-id M --num-shard N --hostname H --port P [--master-port]
+           [--prometheus-port] [--shard-uds-path]
+      TGI: launcher -> shards (rank 0 binds the torch master port, every shard
+      a socket at <uds-path>-<rank>) -> router (HTTP port and prometheus port,
+      only once every shard is ready).  A taken port or socket fails the
+      start like upstream.  SIGTERM: graceful termination of the children.
+  fake-llama-server --model M --host H --port P
+      llama.cpp: one process, listens at once, /health 503 "Loading model"
+      until loaded.
 
-    fake-engine --port P [--load S] [--crash-after S] [--workers N]
-                [--record FILE] [--notify] [extra args...]
+Timings come from the environment (the model's [env]): FAKE_LOAD_S (1),
+FAKE_HEALTH_S (SGLang's 1 s sleep), FAKE_WARMUP_S (SGLang 0.5), FAKE_DRAIN_S
+(0.2), FAKE_RECORD (write argv and environment as JSON to this file).
 """
 
 from __future__ import annotations
@@ -23,8 +45,13 @@ import sys
 import threading
 import time
 
+TORCH_STANDIN = "/usr/local/lib/fake-torch"
+
+
+# ------------------------------------------------------------------ shared
 
 def gpu_files() -> list[str]:
+    """The fake device files of the GPUs CUDA would show this process."""
     table = os.environ.get("INFER_UNITS_FAKE_GPUS")
     if not table:
         return []
@@ -41,6 +68,21 @@ def gpu_files() -> list[str]:
     return chosen
 
 
+def env_float(name: str, default: float) -> float:
+    return float(os.environ.get(name, default))
+
+
+def say(engine: str, message: str) -> None:
+    print(f"fake-{engine}: {message}", flush=True)
+
+
+def record(path: str | None) -> None:
+    if path:
+        with open(path, "w", encoding="utf-8") as f:
+            json.dump({"argv": sys.argv, "env": dict(os.environ), "pid": os.getpid()}, f,
+                      ensure_ascii=False)
+
+
 def notify(message: str) -> None:
     address = os.environ.get("NOTIFY_SOCKET")
     if not address:
@@ -52,19 +94,68 @@ def notify(message: str) -> None:
         s.sendall(message.encode())
 
 
-class Health(http.server.BaseHTTPRequestHandler):
-    def do_GET(self) -> None:  # noqa: N802
-        ok = self.path == "/health"
-        self.send_response(200 if ok else 404)
-        self.end_headers()
-        self.wfile.write(b"ok\n" if ok else b"no\n")
+def spawn_workers(count: int, files: list[str], stubborn: bool = True) -> list[int]:
+    """TP workers (like torch.multiprocessing spawn): they hold the GPUs and
+    never exit on their own; the first ignores SIGTERM."""
+    pids = []
+    for n in range(count):
+        pid = os.fork()
+        if pid == 0:
+            held = [open(path, "rb") for path in files]  # noqa: F841  (held open)
+            if n == 0 and stubborn:
+                signal.signal(signal.SIGTERM, signal.SIG_IGN)
+            while True:
+                time.sleep(3600)
+        pids.append(pid)
+    return pids
 
-    def log_message(self, *args: object) -> None:
-        pass
+
+def kill_tree(pids: list[int]) -> None:
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
 
 
-def main() -> int:
-    p = argparse.ArgumentParser()
+class Server:
+    """An HTTP server on (host, port) whose GET answers come from `answer(path)`."""
+
+    def __init__(self, host: str, port: int, answer, sock: socket.socket | None = None) -> None:
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self) -> None:  # noqa: N802
+                code, body = answer(self.path)
+                data = (body if isinstance(body, str) else json.dumps(body)).encode()
+                self.send_response(code)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        http.server.ThreadingHTTPServer.address_family = family
+        self.httpd = http.server.ThreadingHTTPServer((host, port), Handler,
+                                                     bind_and_activate=sock is None)
+        if sock is not None:      # bound earlier by the caller; listen now
+            self.httpd.socket.close()
+            self.httpd.socket = sock
+            self.httpd.server_activate()
+        self.httpd.daemon_threads = True
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+
+
+def on_sigterm() -> threading.Event:
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    return stop
+
+
+# ------------------------------------------------------------------ command
+
+def generic(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(prog="fake-engine")
     p.add_argument("--port", type=int, required=True)
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--load", type=float, default=0.5)
@@ -72,38 +163,246 @@ def main() -> int:
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--record", default=None)
     p.add_argument("--notify", action="store_true")
-    args, _extra = p.parse_known_args()
-    if args.record:
-        with open(args.record, "w", encoding="utf-8") as f:
-            json.dump({"argv": sys.argv, "env": dict(os.environ)}, f, ensure_ascii=False)
-    held = [open(path, "rb") for path in gpu_files()]
-    for n in range(args.workers):
-        if os.fork() == 0:
-            if n == 0:
-                signal.signal(signal.SIGTERM, signal.SIG_IGN)   # a stubborn TP worker
-            # Workers keep the GPU files; they never exit on their own.
-            while True:
-                time.sleep(3600)
-    stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    loaded_at = time.monotonic() + args.load
-    while time.monotonic() < loaded_at:
-        if args.crash_after is not None and time.monotonic() >= loaded_at - args.load + args.crash_after:
-            print("fake-engine: crashing while loading", flush=True)
+    args, _extra = p.parse_known_args(argv)
+    record(args.record)
+    files = gpu_files()
+    held = [open(path, "rb") for path in files]
+    spawn_workers(args.workers, files)
+    stop = on_sigterm()
+    started = time.monotonic()
+    while time.monotonic() < started + args.load:
+        if args.crash_after is not None and time.monotonic() >= started + args.crash_after:
+            say("engine", "crashing while loading")
             return 7
         if stop.wait(0.05):
             return 0
-    server = http.server.ThreadingHTTPServer((args.host, args.port), Health)
-    server.daemon_threads = True
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    print(f"fake-engine: serving on {args.host}:{args.port} with {len(held)} GPU file(s)", flush=True)
+    server = Server(args.host, args.port, lambda path: (200, "ok\n") if path == "/health"
+                    else (404, "no\n"))
+    say("engine", f"serving on {args.host}:{args.port} with {len(held)} GPU file(s)")
     if args.notify:
         notify("READY=1")
     stop.wait()
-    time.sleep(0.1)     # drain
-    server.shutdown()
+    time.sleep(0.1)     # drain; the workers are left to systemd's KillMode=mixed
+    server.httpd.shutdown()
     return 0
 
 
+# ------------------------------------------------------------------ sglang
+
+def sglang(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(prog="sglang.launch_server")
+    p.add_argument("--model-path", required=True)
+    p.add_argument("--tp-size", type=int, default=1)
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=30000)
+    p.add_argument("--disable-custom-all-reduce", action="store_true")
+    args, _extra = p.parse_known_args(argv)
+    record(os.environ.get("FAKE_RECORD"))
+    # sglang sets this for itself whatever the environment says
+    os.environ["CUDA_DEVICE_MAX_CONNECTIONS"] = "8"
+    files = gpu_files()
+    workers = spawn_workers(args.tp_size, files)
+    stop = on_sigterm()
+    if stop.wait(env_float("FAKE_LOAD_S", 1.0)):     # schedulers loading: no HTTP yet
+        kill_tree(workers)
+        return 0
+    state = {"warm_until": time.monotonic() + env_float("FAKE_WARMUP_S", 0.5),
+             "shutting_down": False, "in_flight": 0}
+    health_s = env_float("FAKE_HEALTH_S", 1.0)
+
+    def answer(path: str):
+        if path not in ("/health", "/health_generate"):
+            return 404, {"detail": "Not Found"}
+        if state["shutting_down"] or time.monotonic() < state["warm_until"]:
+            return 503, ""
+        time.sleep(health_s)          # upstream: sleep 1 s, then generate one token
+        return 200, ""
+
+    Server(args.host, args.port, answer)
+    say("sglang", f"server ready on {args.host}:{args.port}, tp {args.tp_size}, "
+        f"custom all-reduce {'off' if args.disable_custom_all_reduce else 'on'}")
+    stop.wait()
+    state["shutting_down"] = True
+    time.sleep(env_float("FAKE_DRAIN_S", 0.2))       # in-flight requests drain
+    kill_tree(workers)                               # then it kills its process tree
+    return 0
+
+
+# ------------------------------------------------------------------ vllm
+
+def vllm(argv: list[str]) -> int:
+    if not argv or argv[0] != "serve":
+        print("usage: vllm serve MODEL [options]", file=sys.stderr)
+        return 2
+    p = argparse.ArgumentParser(prog="vllm serve")
+    p.add_argument("model")
+    p.add_argument("--tensor-parallel-size", type=int, default=1)
+    p.add_argument("--host", default=None)
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--disable-custom-all-reduce", action="store_true")
+    args, _extra = p.parse_known_args(argv[1:])
+    record(os.environ.get("FAKE_RECORD"))
+    host = args.host or "0.0.0.0"
+    # The API server binds its socket before the engine starts, and listens later.
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, args.port))
+    ready_timeout = env_float("VLLM_ENGINE_READY_TIMEOUT_S", 600.0)
+    engine_core = os.fork()
+    if engine_core == 0:                     # EngineCore with its workers
+        sock.close()
+        spawn_workers(args.tensor_parallel_size, gpu_files())
+        while True:
+            time.sleep(3600)
+    stop = on_sigterm()
+    load = env_float("FAKE_LOAD_S", 1.0)
+    if stop.wait(min(load, ready_timeout)):
+        kill_tree([engine_core])
+        return 0
+    if load > ready_timeout:
+        say("vllm", f"RuntimeError: Timed out waiting for engine core processes to start "
+            f"(VLLM_ENGINE_READY_TIMEOUT_S={ready_timeout:g})")
+        kill_tree([engine_core])
+        return 1
+    Server(host, args.port, lambda path: (200, "") if path == "/health"
+           else (404, {"detail": "Not Found"}), sock=sock)
+    say("vllm", f"API server on {host}:{args.port}, tp {args.tensor_parallel_size}, "
+        f"custom all-reduce {'off' if args.disable_custom_all_reduce else 'on'}")
+    stop.wait()
+    time.sleep(env_float("FAKE_DRAIN_S", 0.2))       # --shutdown-timeout 0: abort requests
+    kill_tree([engine_core])
+    return 0
+
+
+def python(argv: list[str]) -> int:
+    modules = {"sglang.launch_server": sglang, "vllm.entrypoints.cli.main": vllm}
+    if len(argv) >= 2 and argv[0] == "-m" and argv[1] in modules:
+        return modules[argv[1]](argv[2:])
+    os.environ["PYTHONPATH"] = TORCH_STANDIN
+    os.execv("/usr/bin/python3", ["/usr/bin/python3", *argv])
+    return 127
+
+
+# ------------------------------------------------------------------ tgi
+
+def _listen_unix(path: str) -> socket.socket:
+    probe = socket.socket(socket.AF_UNIX)
+    try:
+        probe.connect(path)
+        raise SystemExit(f"shard socket {path} is in use by another server")
+    except (FileNotFoundError, ConnectionRefusedError):
+        pass
+    finally:
+        probe.close()
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+    s = socket.socket(socket.AF_UNIX)
+    s.bind(path)
+    s.listen()
+    return s
+
+
+def _tgi_shard(rank: int, args: argparse.Namespace, files: list[str]) -> None:
+    held = [open(path, "rb") for path in files]  # noqa: F841
+    if rank == 0:
+        master = socket.socket()
+        master.bind(("127.0.0.1", args.master_port))   # torch.distributed's store
+        master.listen()
+    uds = _listen_unix(f"{args.shard_uds_path}-{rank}")  # noqa: F841
+    signal.signal(signal.SIGTERM, lambda *_: os._exit(0))
+    time.sleep(env_float("FAKE_LOAD_S", 1.0))
+    open(f"{args.shard_uds_path}-{rank}.ready", "w").close()
+    while True:
+        time.sleep(3600)
+
+
+def tgi(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(prog="text-generation-launcher")
+    p.add_argument("--model-id", required=True)
+    p.add_argument("--num-shard", type=int, default=1)
+    p.add_argument("--hostname", default="0.0.0.0")
+    p.add_argument("--port", type=int, default=3000)
+    p.add_argument("--master-port", type=int, default=29500)
+    p.add_argument("--prometheus-port", type=int, default=9000)
+    p.add_argument("--shard-uds-path", default="/tmp/text-generation-server")
+    p.add_argument("--graceful-termination-timeout", type=int, default=90)
+    args, _extra = p.parse_known_args(argv)
+    record(os.environ.get("FAKE_RECORD"))
+    files = gpu_files()
+    stop = on_sigterm()
+    shards = []
+    for rank in range(args.num_shard):
+        pid = os.fork()
+        if pid == 0:
+            try:
+                _tgi_shard(rank, args, files)
+            except (OSError, SystemExit) as e:
+                say("tgi", f"shard {rank} failed: {e}")
+                os._exit(1)
+        shards.append(pid)
+    ready = [f"{args.shard_uds_path}-{r}.ready" for r in range(args.num_shard)]
+    while not all(os.path.exists(r) for r in ready):
+        for pid in shards:
+            if os.waitpid(pid, os.WNOHANG)[0]:
+                say("tgi", "Shard failed to start; shutting down")
+                kill_tree(shards)
+                return 1
+        if stop.wait(0.05):
+            kill_tree(shards)
+            return 0
+    for r in ready:
+        os.unlink(r)
+    try:
+        prometheus = socket.socket()
+        prometheus.bind(("0.0.0.0", args.prometheus_port))
+        prometheus.listen()
+        Server(args.hostname, args.port, lambda path: (200, "") if path == "/health"
+               else (404, ""))
+    except OSError as e:
+        say("tgi", f"router failed: {e}")
+        kill_tree(shards)
+        return 1
+    say("tgi", f"router on {args.hostname}:{args.port}, shards {args.num_shard}, "
+        f"master port {args.master_port}, prometheus {args.prometheus_port}")
+    stop.wait()
+    for pid in shards:                # graceful termination of the shards
+        os.kill(pid, signal.SIGTERM)
+    time.sleep(env_float("FAKE_DRAIN_S", 0.2))
+    return 0
+
+
+# ------------------------------------------------------------------ llama.cpp
+
+def llamacpp(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(prog="llama-server")
+    p.add_argument("--model", "-m")
+    p.add_argument("--hf-repo", "-hf")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8080)
+    args, _extra = p.parse_known_args(argv)
+    record(os.environ.get("FAKE_RECORD"))
+    held = [open(path, "rb") for path in gpu_files()]  # noqa: F841  one process, every GPU
+    loaded_at = time.monotonic() + env_float("FAKE_LOAD_S", 1.0)
+
+    def answer(path: str):
+        if path != "/health":
+            return 404, ""
+        if time.monotonic() < loaded_at:
+            return 503, {"error": {"code": 503, "message": "Loading model",
+                                   "type": "unavailable_error"}}
+        return 200, {"status": "ok"}
+
+    server = Server(args.host, args.port, answer)   # listens before the model loads
+    say("llamacpp", f"listening on {args.host}:{args.port}")
+    on_sigterm().wait()
+    server.httpd.shutdown()
+    return 0
+
+
+PERSONALITIES = {"fake-engine": generic, "fake-python": python, "fake-tgi": tgi,
+                 "fake-llama-server": llamacpp}
+
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(PERSONALITIES[os.path.basename(sys.argv[0])](sys.argv[1:]))

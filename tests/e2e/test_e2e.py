@@ -9,29 +9,9 @@ import time
 
 import pytest
 
-from e2e_support import model_toml
+from e2e_support import add_model, alive, holders, model_toml, show
 
 pytestmark = pytest.mark.e2e
-
-
-def show(box, unit: str, *props: str) -> dict[str, str]:
-    out = box.sh(f"systemctl show {unit} " + " ".join(f"-p {p}" for p in props)).stdout
-    return dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
-
-
-def holders(box, gpus: str) -> list[dict]:
-    out = box.sh(f"INFER_UNITS_FAKE_GPUS=/etc/infer-units/fakegpus.json "
-                 f"infer-units holders --json --gpus {gpus}").stdout
-    return json.loads(out)["holders"]
-
-
-def alive(box, pid: int) -> bool:
-    state = box.sh(f"cat /proc/{pid}/stat 2>/dev/null || true").stdout
-    return bool(state) and state.rsplit(")", 1)[1].split()[0] != "Z"
-
-
-def add_model(box, name: str, text: str) -> None:
-    box.write(f"/etc/infer-units/{name}.toml", text)
 
 
 # ---------------------------------------------------------------- package
@@ -217,6 +197,7 @@ def _wait(predicate, timeout: float = 10.0) -> bool:
 
 # ---------------------------------------------------------------- last: removal
 
+@pytest.mark.last
 def test_apt_remove_leaves_no_generated_unit(box) -> None:
     box.sh("systemctl start beta")
     box.sh("DEBIAN_FRONTEND=noninteractive apt-get remove -y -qq infer-units")

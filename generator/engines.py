@@ -10,28 +10,34 @@ from __future__ import annotations
 
 class EngineSpec:
     __slots__ = ("module", "default_executable", "tp_flag", "health_path", "probe_timeout",
-                 "stop_timeout", "p2p_off_args", "port_flags", "path_flags", "env")
+                 "stop_timeout", "drain_flag", "p2p_off_args", "p2p_off_env", "port_flags",
+                 "path_flags")
 
     def __init__(self, module: str | None, default_executable: str | None, tp_flag: bool,
                  health_path: str | None, probe_timeout: float, stop_timeout: float,
+                 drain_flag: str | None = None,
                  p2p_off_args: tuple[str, ...] = (),
+                 p2p_off_env: tuple[tuple[str, str], ...] = (),
                  port_flags: tuple[tuple[str, int], ...] = (),
-                 path_flags: tuple[tuple[str, str], ...] = (),
-                 env: tuple[tuple[str, str], ...] = ()) -> None:
+                 path_flags: tuple[tuple[str, str], ...] = ()) -> None:
         self.module = module                      # python engines: `<python> -m <module>`
         self.default_executable = default_executable  # binary engines (systemd's search path)
         self.tp_flag = tp_flag                    # the server takes a tensor-parallel size
         self.health_path = health_path            # default readiness endpoint
         self.probe_timeout = probe_timeout        # one health request may take this long
         self.stop_timeout = stop_timeout          # the server's own drain window
-        # argv that turns off every peer-to-peer path NCCL_P2P_DISABLE does not reach
+        # The server's flag for its drain time (seconds): when the user's args
+        # set it, [stop] timeout defaults to it plus the engine's teardown.
+        self.drain_flag = drain_flag
+        # argv and environment that turn off every peer-to-peer path that
+        # NCCL_P2P_DISABLE=1 does not reach
         self.p2p_off_args = p2p_off_args
+        self.p2p_off_env = p2p_off_env
         # Ports and paths the engine fixes by default, so two instances on one
         # host collide: (flag, offset from the model's port) and (flag, pattern
         # with {name}); rendered unless the user's args set the flag.
         self.port_flags = port_flags
         self.path_flags = path_flags
-        self.env = env                            # fixed environment the unit sets
 
     @property
     def uses_executable(self) -> bool:
@@ -41,19 +47,32 @@ class EngineSpec:
 # Custom all-reduce kernels of SGLang and vLLM use CUDA IPC peer access
 # directly: NCCL_P2P_DISABLE=1 does not reach them.
 _NO_CUSTOM_ALL_REDUCE = ("--disable-custom-all-reduce",)
+# Time an engine needs after its drain to stop its workers and free the GPUs
+# (SGLang waits up to 15 s for its schedulers; vLLM tears down EngineCore).
+TEARDOWN_S = 30.0
 
 ENGINE_SPECS: dict[str, EngineSpec] = {
     # python -m sglang.launch_server --model-path M --tp-size N --host H --port P.
     # /health sleeps 1 s and generates one token before answering (503 while
     # warming up or shutting down): a probe needs far more than a second.
     # SIGTERM drains in-flight requests, then kills its process tree.
+    # /health waits up to SGLANG_HEALTH_CHECK_TIMEOUT (20 s) for its token under
+    # load.  Its drain has no time limit (SGL_FORCE_SHUTDOWN=1 skips it).
     "sglang": EngineSpec("sglang.launch_server", None, True, "/health", probe_timeout=30.0,
-                         stop_timeout=60.0, p2p_off_args=_NO_CUSTOM_ALL_REDUCE),
+                         stop_timeout=60.0, p2p_off_args=_NO_CUSTOM_ALL_REDUCE,
+                         # FlashInfer's PCIe IPC all-reduce is not gated by the flag
+                         p2p_off_env=(("SGLANG_ENABLE_PCIE_IPC_ALLREDUCE", "0"),)),
     # python -m vllm.entrypoints.cli.main serve M --tensor-parallel-size N: the
     # `vllm serve` entry (the openai.api_server module is deprecated and has
     # no --headless).  /health is cheap: 200 once the engine is up.
+    # SIGTERM: --shutdown-timeout (default 0: abort in-flight requests), then
+    # EngineCore and its workers are SIGKILLed.  Its FlashInfer and symmetric
+    # memory all-reduce (on by default on Hopper) ignore the custom AR flag.
     "vllm": EngineSpec("vllm.entrypoints.cli.main", None, True, "/health", probe_timeout=10.0,
-                       stop_timeout=30.0, p2p_off_args=_NO_CUSTOM_ALL_REDUCE),
+                       stop_timeout=TEARDOWN_S, drain_flag="--shutdown-timeout",
+                       p2p_off_args=_NO_CUSTOM_ALL_REDUCE,
+                       p2p_off_env=(("VLLM_ALLREDUCE_USE_FLASHINFER", "0"),
+                                    ("VLLM_ALLREDUCE_USE_SYMM_MEM", "0"))),
     # python -m tensorrt_llm.commands.serve M --tp_size N (the trtllm-serve entry point)
     "trtllm": EngineSpec("tensorrt_llm.commands.serve", None, True, "/health",
                          probe_timeout=10.0, stop_timeout=30.0),

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .engines import ENGINE_SPECS, flag_value
+from .engines import ENGINE_SPECS, TEARDOWN_S, flag_value
 from .errors import ConfigError
 from .loader import MergedConfig
 from .settings import (BUILTIN_IGNORE, BY_KEY, FIXED_TABLES, is_pci, scalar_text)
@@ -157,16 +157,44 @@ def build_model(merged: MergedConfig) -> Model:
         ready_url=values["ready.url"],
         ready_timeout=values["ready.timeout"],
         ready_interval=values["ready.interval"],
-        ready_probe_timeout=(values["ready.probe-timeout"] if values["ready.probe-timeout"]
-                             is not None else spec.probe_timeout),
-        stop_timeout=(values["stop.timeout"] if values["stop.timeout"] is not None
-                      else spec.stop_timeout),
+        ready_probe_timeout=_probe_timeout(values, spec),
+        stop_timeout=_stop_timeout(values, spec, merged),
         instance_args=instance_args,
         ports=ports,
         unit_directives=values["unit"],
         service_directives=values["service"],
         install_directives=values["install"],
     )
+
+
+def _probe_timeout(v: dict[str, Any], spec: Any) -> float:
+    """[ready] probe-timeout, or the engine's; SGLang's /health may take up to
+    SGLANG_HEALTH_CHECK_TIMEOUT (its [env] can raise it) to answer."""
+    if v["ready.probe-timeout"] is not None:
+        return v["ready.probe-timeout"]
+    raised = v["env"].get("SGLANG_HEALTH_CHECK_TIMEOUT") if v["engine"] == "sglang" else None
+    if raised is not None and raised.isascii() and raised.isdigit():
+        return max(spec.probe_timeout, int(raised) + 10.0)
+    return spec.probe_timeout
+
+
+def _stop_timeout(v: dict[str, Any], spec: Any, merged: MergedConfig) -> float:
+    """[stop] timeout, or the engine's default; never shorter than the drain
+    the user's args ask the server for (vLLM --shutdown-timeout N)."""
+    drain = flag_value(v["args"], spec.drain_flag) if spec.drain_flag else None
+    seconds = None
+    if drain is not None:
+        try:
+            seconds = float(drain) if drain.isascii() else None
+        except ValueError:
+            pass
+    if v["stop.timeout"] is None:
+        return spec.stop_timeout if seconds is None else seconds + TEARDOWN_S
+    if seconds is not None and v["stop.timeout"] < seconds:
+        raise ConfigError(merged.file_of("stop.timeout"), "stop.timeout",
+                          f"{v['stop.timeout']:g}s is shorter than the server's own "
+                          f"{spec.drain_flag} {drain} in args: systemd would kill it draining")
+    return v["stop.timeout"]
 
 
 def _instance_ports(name: str, v: dict[str, Any], spec: Any, merged: MergedConfig,

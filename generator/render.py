@@ -101,9 +101,11 @@ def _environment(m: Model) -> list[str]:
     env: dict[str, str] = {}
     if isinstance(m.gpus, list) and not m.gpus_by_pci:
         env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in m.gpus)
+    spec = ENGINE_SPECS[m.engine]
     if m.nccl_p2p == "off":
         env["NCCL_P2P_DISABLE"] = "1"
-    elif m.nccl_p2p == "auto" and ENGINE_SPECS[m.engine].p2p_off_args:
+        env.update(spec.p2p_off_env)
+    elif m.nccl_p2p == "auto" and spec.p2p_off_args:
         env[P2P_ARGS_VAR] = ""      # until the self-test says otherwise (EnvironmentFile=)
     if m.engine == "vllm":
         # vLLM aborts its own start after this many seconds ("often caused by
@@ -150,10 +152,12 @@ def _exec_start_pre(m: Model) -> list[str]:
         argv.append("--resolve-pci")
     if p2p:
         argv.append("--p2p")
-        off_args = ENGINE_SPECS[m.engine].p2p_off_args
-        if off_args:
+        spec = ENGINE_SPECS[m.engine]
+        if spec.p2p_off_args:
             # --opt=value: the value starts with dashes
-            argv.append("--p2p-off-args=" + " ".join(off_args))
+            argv.append("--p2p-off-args=" + " ".join(spec.p2p_off_args))
+        for name, value in spec.p2p_off_env:
+            argv += ["--p2p-off-env", f"{name}={value}"]
         if ENGINE_SPECS[m.engine].module:
             argv += ["--python", m.python]
     return ["ExecStartPre=+" + _hook(*argv)]

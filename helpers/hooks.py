@@ -92,6 +92,9 @@ def pre_start(argv: list[str]) -> int:
     p.add_argument("--p2p-off-args", default="",
                    help="server argv that P2P off needs beyond NCCL_P2P_DISABLE=1 "
                         "(e.g. --disable-custom-all-reduce), written to the env file")
+    p.add_argument("--p2p-off-env", action="append", default=[], metavar="NAME=VALUE",
+                   help="environment that P2P off needs beyond NCCL_P2P_DISABLE=1 "
+                        "(e.g. VLLM_ALLREDUCE_USE_FLASHINFER=0), written to the env file")
     a = p.parse_args(argv)
     unit = unit_name(a.unit)
     started = time.monotonic()
@@ -116,7 +119,8 @@ def pre_start(argv: list[str]) -> int:
     if a.p2p and a.gpus and a.env_file:
         from .metrics import record_p2p
         from .p2p import check_p2p
-        record_p2p(unit, check_p2p(gpus, a.env_file, a.python, off_args=a.p2p_off_args))
+        record_p2p(unit, check_p2p(gpus, a.env_file, a.python, off_args=a.p2p_off_args,
+                                     off_env=dict(v.partition("=")[::2] for v in a.p2p_off_env)))
     _say(f"start checks passed in {(time.monotonic() - started) * 1000:.0f} ms")
     return exitcodes.CLEAN
 

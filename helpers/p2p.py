@@ -63,10 +63,11 @@ OFF_ARGS_VAR = "INFER_UNITS_P2P_OFF_ARGS"
 
 
 def check_p2p(gpus: list[Gpu], env_file: str | None, python: str,
-              timeout: float = 90.0, off_args: str = "") -> P2PVerdict:
+              timeout: float = 90.0, off_args: str = "",
+              off_env: dict[str, str] | None = None) -> P2PVerdict:
     if len(gpus) < 2:
         verdict = P2PVerdict(True, False, "one GPU: no peer traffic", {})
-        _apply(verdict, env_file, off_args)
+        _apply(verdict, env_file, off_args, off_env or {})
         return verdict
     path = cache_path(gpus)
     boot = _boot_id()
@@ -75,7 +76,7 @@ def check_p2p(gpus: list[Gpu], env_file: str | None, python: str,
             cached = json.load(f)
         if cached.get("boot_id") == boot:
             verdict = P2PVerdict(bool(cached["ok"]), True, str(cached["reason"]), cached["report"])
-            _apply(verdict, env_file, off_args)
+            _apply(verdict, env_file, off_args, off_env or {})
             return verdict
     except (OSError, ValueError, KeyError):
         pass
@@ -86,7 +87,7 @@ def check_p2p(gpus: list[Gpu], env_file: str | None, python: str,
         # Could not test: P2P off to be safe, and no cache so the next start tries again.
         verdict = P2PVerdict(False, False, f"self-test could not run ({report.get('error')}); "
                              "P2P disabled to be safe", report)
-        _apply(verdict, env_file, off_args)
+        _apply(verdict, env_file, off_args, off_env or {})
         return verdict
     else:
         bad = [p for p in report.get("pairs", []) if isinstance(p, dict) and not p.get("ok")]
@@ -101,16 +102,21 @@ def check_p2p(gpus: list[Gpu], env_file: str | None, python: str,
         json.dump({"boot_id": boot, "ok": verdict.ok, "reason": verdict.reason,
                    "report": verdict.report, "gpus": [g.uuid for g in gpus]}, f)
     os.replace(path + ".tmp", path)
-    _apply(verdict, env_file, off_args)
+    _apply(verdict, env_file, off_args, off_env or {})
     return verdict
 
 
-def _apply(verdict: P2PVerdict, env_file: str | None, off_args: str) -> None:
-    off = "NCCL_P2P_DISABLE=1" + (f" and {off_args}" if off_args else "")
+def _apply(verdict: P2PVerdict, env_file: str | None, off_args: str,
+           off_env: dict[str, str]) -> None:
+    """The verdict into the unit's env file: P2P off is NCCL_P2P_DISABLE=1 plus
+    what the engine needs for its own peer-access kernels (argv through
+    $INFER_UNITS_P2P_OFF_ARGS, environment); P2P on removes all of it."""
+    env = {"NCCL_P2P_DISABLE": "1", **off_env}
+    if off_args:
+        env[OFF_ARGS_VAR] = off_args
+    off = " ".join(f"{k}={v}" for k, v in env.items())
     if env_file:
-        update_env_file(env_file, {"NCCL_P2P_DISABLE": None if verdict.ok else "1",
-                                   OFF_ARGS_VAR: None if verdict.ok or not off_args
-                                   else off_args})
+        update_env_file(env_file, {k: None if verdict.ok else v for k, v in env.items()})
         state = "on" if verdict.ok else f"OFF ({off} in {env_file})"
     else:
         state = "on" if verdict.ok else f"broken (would set {off})"

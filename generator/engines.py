@@ -10,12 +10,13 @@ from __future__ import annotations
 
 class EngineSpec:
     __slots__ = ("module", "default_executable", "tp_flag", "health_path", "probe_timeout",
-                 "stop_timeout", "drain_flag", "p2p_off_args", "p2p_off_env", "port_flags",
+                 "stop_timeout", "drain_flag", "drain_rounds", "flags_from_env", "p2p_off_args", "p2p_off_env", "port_flags",
                  "path_flags")
 
     def __init__(self, module: str | None, default_executable: str | None, tp_flag: bool,
                  health_path: str | None, probe_timeout: float, stop_timeout: float,
-                 drain_flag: str | None = None,
+                 drain_flag: str | None = None, drain_rounds: int = 1,
+                 flags_from_env: bool = False,
                  p2p_off_args: tuple[str, ...] = (),
                  p2p_off_env: tuple[tuple[str, str], ...] = (),
                  port_flags: tuple[tuple[str, int], ...] = (),
@@ -29,6 +30,10 @@ class EngineSpec:
         # The server's flag for its drain time (seconds): when the user's args
         # set it, [stop] timeout defaults to it plus the engine's teardown.
         self.drain_flag = drain_flag
+        self.drain_rounds = drain_rounds          # TGI waits it out for the router, then the shards
+        # Every flag can also come from the environment variable of its name
+        # (clap's `env`: --master-port <- MASTER_PORT); an explicit flag wins.
+        self.flags_from_env = flags_from_env
         # argv and environment that turn off every peer-to-peer path that
         # NCCL_P2P_DISABLE=1 does not reach
         self.p2p_off_args = p2p_off_args
@@ -77,12 +82,16 @@ ENGINE_SPECS: dict[str, EngineSpec] = {
     "trtllm": EngineSpec("tensorrt_llm.commands.serve", None, True, "/health",
                          probe_timeout=10.0, stop_timeout=30.0),
     # text-generation-launcher: launcher -> shards -> router; the router (and
-    # with it /health) appears only once every shard is ready.  It gives its
-    # children 90 s of graceful termination.  Fixed defaults that collide
-    # between two TGI models: --master-port 29500, --prometheus-port 9000,
-    # --shard-uds-path /tmp/text-generation-server.
+    # with it /health) appears only once every shard is ready and warmed up.
+    # SIGTERM: --graceful-termination-timeout (90 s) for the router, then the
+    # same again for the shards.  Fixed defaults that collide between two TGI
+    # models: --master-port 29500 (torch, with several shards),
+    # --prometheus-port 9000 (the router dies at start when it is taken),
+    # --shard-uds-path /tmp/text-generation-server (a second launcher deletes
+    # the first one's sockets).
     "tgi": EngineSpec(None, "text-generation-launcher", True, "/health", probe_timeout=10.0,
-                      stop_timeout=90.0,
+                      stop_timeout=180.0, drain_flag="--graceful-termination-timeout",
+                      drain_rounds=2, flags_from_env=True,
                       port_flags=(("--master-port", 1), ("--prometheus-port", 2)),
                       path_flags=(("--shard-uds-path", "/tmp/text-generation-server-{name}"),)),
     # llama-server splits layers over every visible GPU; it has no TP size flag.
@@ -91,6 +100,11 @@ ENGINE_SPECS: dict[str, EngineSpec] = {
                            stop_timeout=30.0),
     "command": EngineSpec(None, None, False, "/health", probe_timeout=10.0, stop_timeout=30.0),
 }
+
+
+def env_name(flag: str) -> str:
+    """clap's environment variable for a long flag: --master-port -> MASTER_PORT."""
+    return flag.lstrip("-").upper().replace("-", "_")
 
 
 def flag_value(args: tuple[str, ...] | list[str], flag: str) -> str | None:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .engines import ENGINE_SPECS, TEARDOWN_S, flag_value
+from .engines import ENGINE_SPECS, TEARDOWN_S, env_name, flag_value
 from .errors import ConfigError
 from .loader import MergedConfig
 from .settings import (BUILTIN_IGNORE, BY_KEY, FIXED_TABLES, is_pci, scalar_text)
@@ -178,10 +178,18 @@ def _probe_timeout(v: dict[str, Any], spec: Any) -> float:
     return spec.probe_timeout
 
 
+def _given(v: dict[str, Any], spec: Any, flag: str) -> str | None:
+    """What the user set `flag` to: in args, or (clap engines) in [env]."""
+    given = flag_value(v["args"], flag)
+    if given is None and spec.flags_from_env:
+        given = v["env"].get(env_name(flag))
+    return given
+
+
 def _stop_timeout(v: dict[str, Any], spec: Any, merged: MergedConfig) -> float:
     """[stop] timeout, or the engine's default; never shorter than the drain
     the user's args ask the server for (vLLM --shutdown-timeout N)."""
-    drain = flag_value(v["args"], spec.drain_flag) if spec.drain_flag else None
+    drain = _given(v, spec, spec.drain_flag) if spec.drain_flag else None
     seconds = None
     if drain is not None:
         try:
@@ -189,11 +197,15 @@ def _stop_timeout(v: dict[str, Any], spec: Any, merged: MergedConfig) -> float:
         except ValueError:
             pass
     if v["stop.timeout"] is None:
-        return spec.stop_timeout if seconds is None else seconds + TEARDOWN_S
-    if seconds is not None and v["stop.timeout"] < seconds:
+        return spec.stop_timeout if seconds is None else \
+            seconds * spec.drain_rounds + TEARDOWN_S
+    if seconds is not None and v["stop.timeout"] < seconds * spec.drain_rounds:
         raise ConfigError(merged.file_of("stop.timeout"), "stop.timeout",
                           f"{v['stop.timeout']:g}s is shorter than the server's own "
-                          f"{spec.drain_flag} {drain} in args: systemd would kill it draining")
+                          f"{spec.drain_flag} {drain}"
+                          + (f" (x{spec.drain_rounds}: router, then shards)"
+                             if spec.drain_rounds > 1 else "")
+                          + ": systemd would kill it draining")
     return v["stop.timeout"]
 
 
@@ -206,7 +218,7 @@ def _instance_ports(name: str, v: dict[str, Any], spec: Any, merged: MergedConfi
     if v["port"] is not None:
         ports["port"] = v["port"]
     for flag, offset in spec.port_flags:
-        given = flag_value(v["args"], flag)
+        given = _given(v, spec, flag)
         if given is None:
             port = v["port"] + offset
             if port > 65535:
@@ -218,7 +230,7 @@ def _instance_ports(name: str, v: dict[str, Any], spec: Any, merged: MergedConfi
         elif given.isascii() and given.isdigit():
             ports[flag] = int(given)
     for flag, pattern in spec.path_flags:
-        if flag_value(v["args"], flag) is None:
+        if _given(v, spec, flag) is None:
             args.append((flag, pattern.format(name=name)))
     return tuple(args), ports
 

@@ -112,6 +112,9 @@ def _environment(m: Model) -> list[str]:
         # slow weight loading"): never before our [ready] timeout.
         env["VLLM_ENGINE_READY_TIMEOUT_S"] = str(max(VLLM_DEFAULT_READY_S,
                                                      math.ceil(m.ready_timeout)))
+        # Unset, vLLM SIGKILLs EngineCore and its workers right after SIGTERM
+        # (--shutdown-timeout 0); this gives them time to free the GPUs cleanly.
+        env["VLLM_WORKER_SHUTDOWN_TIMEOUT_SECONDS"] = "10"
     env.update(m.nccl_env)
     env.update(m.env)
     return [f"Environment={environment_assignment(k, v)}" for k, v in env.items()]

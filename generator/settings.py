@@ -263,8 +263,9 @@ SETTINGS: tuple[Setting, ...] = (
             "How long one health request may take; default per engine (SGLang's /health "
             "generates a token: 30s; others 10s)."),
     Setting("stop.timeout", check_duration, None,
-            "How long the server may drain after SIGTERM; default per engine (TGI 90s, "
-            "SGLang 60s, others 30s). TimeoutStopSec= is derived from it."),
+            "How long the server may drain after SIGTERM; default per engine (TGI 180s: "
+            "90s for its router, then for its shards; SGLang 60s; others 30s; more when args set "
+            "the server's own drain time). TimeoutStopSec= is derived from it."),
     Setting("unit", check_directives, {}, "Raw [Unit] directives."),
     Setting("service", check_directives, {}, "Raw [Service] directives (they win over ours)."),
     Setting("install", check_directives, {},

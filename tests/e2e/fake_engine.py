@@ -20,10 +20,11 @@ under:
       (the P2P self-test runs with the engine's interpreter).
   fake-tgi --model-id M --num-shard N --hostname H --port P [--master-port]
            [--prometheus-port] [--shard-uds-path]
-      TGI: launcher -> shards (rank 0 binds the torch master port, every shard
-      a socket at <uds-path>-<rank>) -> router (HTTP port and prometheus port,
-      only once every shard is ready).  A taken port or socket fails the
-      start like upstream.  SIGTERM: graceful termination of the children.
+      TGI: launcher -> shards (with several shards rank 0 binds the torch
+      master port; each shard's socket <uds-path>-<rank> appearing means ready;
+      an old socket of that name is deleted first, as upstream does) -> router
+      (checks the prometheus port, then HTTP).  A taken port fails the start
+      like upstream.  SIGTERM: graceful termination of the children.
   fake-llama-server --model M --host H --port P
       llama.cpp: one process, listens at once, /health 503 "Loading model"
       until loaded.
@@ -285,35 +286,17 @@ def python(argv: list[str]) -> int:
 
 # ------------------------------------------------------------------ tgi
 
-def _listen_unix(path: str) -> socket.socket:
-    probe = socket.socket(socket.AF_UNIX)
-    try:
-        probe.connect(path)
-        raise SystemExit(f"shard socket {path} is in use by another server")
-    except (FileNotFoundError, ConnectionRefusedError):
-        pass
-    finally:
-        probe.close()
-    try:
-        os.unlink(path)
-    except FileNotFoundError:
-        pass
-    s = socket.socket(socket.AF_UNIX)
-    s.bind(path)
-    s.listen()
-    return s
-
-
 def _tgi_shard(rank: int, args: argparse.Namespace, files: list[str]) -> None:
     held = [open(path, "rb") for path in files]  # noqa: F841
-    if rank == 0:
-        master = socket.socket()
-        master.bind(("127.0.0.1", args.master_port))   # torch.distributed's store
-        master.listen()
-    uds = _listen_unix(f"{args.shard_uds_path}-{rank}")  # noqa: F841
     signal.signal(signal.SIGTERM, lambda *_: os._exit(0))
+    if rank == 0 and args.num_shard > 1:     # torch.distributed's store, several shards only
+        master = socket.socket()
+        master.bind(("127.0.0.1", args.master_port))
+        master.listen()
     time.sleep(env_float("FAKE_LOAD_S", 1.0))
-    open(f"{args.shard_uds_path}-{rank}.ready", "w").close()
+    uds = socket.socket(socket.AF_UNIX)       # the launcher sees it and calls the shard ready
+    uds.bind(f"{args.shard_uds_path}-{rank}")
+    uds.listen()
     while True:
         time.sleep(3600)
 
@@ -332,18 +315,21 @@ def tgi(argv: list[str]) -> int:
     record(os.environ.get("FAKE_RECORD"))
     files = gpu_files()
     stop = on_sigterm()
+    sockets = [f"{args.shard_uds_path}-{r}" for r in range(args.num_shard)]
+    for path in sockets:          # like the shard manager: an old socket is removed
+        if os.path.exists(path):
+            os.unlink(path)
     shards = []
     for rank in range(args.num_shard):
         pid = os.fork()
         if pid == 0:
             try:
                 _tgi_shard(rank, args, files)
-            except (OSError, SystemExit) as e:
+            except OSError as e:
                 say("tgi", f"shard {rank} failed: {e}")
                 os._exit(1)
         shards.append(pid)
-    ready = [f"{args.shard_uds_path}-{r}.ready" for r in range(args.num_shard)]
-    while not all(os.path.exists(r) for r in ready):
+    while not all(os.path.exists(s) for s in sockets):
         for pid in shards:
             if os.waitpid(pid, os.WNOHANG)[0]:
                 say("tgi", "Shard failed to start; shutting down")
@@ -352,12 +338,12 @@ def tgi(argv: list[str]) -> int:
         if stop.wait(0.05):
             kill_tree(shards)
             return 0
-    for r in ready:
-        os.unlink(r)
     try:
+        # The router binds the prometheus port only for a moment, but dies
+        # when something listens there; then it serves HTTP.
         prometheus = socket.socket()
         prometheus.bind(("0.0.0.0", args.prometheus_port))
-        prometheus.listen()
+        prometheus.close()
         Server(args.hostname, args.port, lambda path: (200, "") if path == "/health"
                else (404, ""))
     except OSError as e:

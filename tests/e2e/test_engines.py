@@ -82,16 +82,19 @@ def test_llamacpp_503_while_loading_then_active(box) -> None:
 
 
 def test_two_tgi_models_run_side_by_side(box) -> None:
-    # Without per-model ports two TGI launchers collide (the fake, like TGI,
-    # fails the second on the master port / shard socket / prometheus port).
-    first = box.sh(f"cd /tmp && INFER_UNITS_FAKE_GPUS={FAKE_TABLE} CUDA_VISIBLE_DEVICES=3 "
-                   f"setsid {FAKES['fake-tgi']} --model-id m --port 18190 >/dev/null 2>&1 & "
-                   "sleep 2; "
-                   f"INFER_UNITS_FAKE_GPUS={FAKE_TABLE} CUDA_VISIBLE_DEVICES=4 "
-                   f"timeout 20 {FAKES['fake-tgi']} --model-id m --port 18191; echo rc=$?",
-                   check=False)
-    box.sh("pkill -f 'fake-tgi --model-id m --port 18190' || true")
-    assert "rc=1" in first.stdout, first.stdout + first.stderr
+    # Without per-model ports and paths two TGI launchers collide: the second
+    # deletes the first one's shard sockets, and with two shards each its
+    # torch master port (29500) is taken, which fails the second.
+    first = box.sh(f"INFER_UNITS_FAKE_GPUS={FAKE_TABLE} CUDA_VISIBLE_DEVICES=3,4 "
+                   f"setsid {FAKES['fake-tgi']} --model-id m --num-shard 2 --port 18190 "
+                   ">/dev/null 2>&1 & sleep 2; stat -c %i /tmp/text-generation-server-0; "
+                   f"INFER_UNITS_FAKE_GPUS={FAKE_TABLE} CUDA_VISIBLE_DEVICES=3,4 timeout 20 "
+                   f"{FAKES['fake-tgi']} --model-id m --num-shard 2 --port 18191; echo rc=$?; "
+                   "stat -c %i /tmp/text-generation-server-0 || echo gone", check=False)
+    box.sh("pkill -f 'fake-tgi --model-id m' || true")
+    inode_before, *_rest, inode_after = first.stdout.split()
+    assert "rc=1" in first.stdout and "Shard failed" in first.stdout, first.stdout
+    assert inode_after != inode_before, "the second launcher left the first one's socket"
 
     add_model(box, "tgi-a", engine_toml("tgi-a", "tgi", [3], 18110))
     add_model(box, "tgi-b", engine_toml("tgi-b", "tgi", [4], 18120))
@@ -101,7 +104,7 @@ def test_two_tgi_models_run_side_by_side(box) -> None:
     a, b = recorded(box, "tgi-a")["argv"], recorded(box, "tgi-b")["argv"]
     for flag in ("--master-port", "--prometheus-port", "--shard-uds-path"):
         assert a[a.index(flag) + 1] != b[b.index(flag) + 1], flag
-    assert show(box, "tgi-a.service", "TimeoutStopUSec")["TimeoutStopUSec"] == "1min 45s"
+    assert show(box, "tgi-a.service", "TimeoutStopUSec")["TimeoutStopUSec"] == "3min 15s"
     box.sh("systemctl stop tgi-a tgi-b")
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from .engines import ENGINE_SPECS, TEARDOWN_S, env_name, flag_value
 from .errors import ConfigError
 from .loader import MergedConfig
+from .nodes import Nodes, build_nodes
 from .settings import (BUILTIN_IGNORE, BY_KEY, FIXED_TABLES, is_pci, scalar_text)
 
 TYPE_CHECKING = False   # typing/dataclasses are too slow to import here
@@ -48,6 +49,7 @@ class Model:
     # host, rendered after the engine's argv: ("--master-port", "8001"), ...
     instance_args: tuple[tuple[str, str], ...]
     ports: dict[str, int]           # what listens where: {"port": 8000, "--master-port": 8001}
+    nodes: Nodes | None             # one model across hosts: this host's part
     unit_directives: dict[str, list[str]]
     service_directives: dict[str, list[str]]
     install_directives: dict[str, list[str]]
@@ -130,7 +132,13 @@ def build_model(merged: MergedConfig) -> Model:
         values.setdefault(key, setting.default)
     _cross_check(values, merged)
     spec = ENGINE_SPECS[values["engine"]]
+    nodes = build_nodes(values, merged, spec.health_path or "/health")
     instance_args, ports = _instance_ports(merged.name, values, spec, merged)
+    if nodes is not None:
+        if nodes.is_head:
+            ports["rendezvous"] = nodes.addr_port
+        elif values["engine"] == "vllm":
+            del ports["port"]           # --headless: no HTTP server
     return Model(
         name=merged.name,
         main_path=merged.main_path,
@@ -161,6 +169,7 @@ def build_model(merged: MergedConfig) -> Model:
         stop_timeout=_stop_timeout(values, spec, merged),
         instance_args=instance_args,
         ports=ports,
+        nodes=nodes,
         unit_directives=values["unit"],
         service_directives=values["service"],
         install_directives=values["install"],
@@ -264,8 +273,10 @@ def _cross_check(v: dict[str, Any], merged: MergedConfig) -> None:
     gpus = v["gpus"]
     if tp is not None and not spec.tp_flag:
         fail("tensor-parallel", f'{engine} has no tensor-parallel flag; it uses every GPU given')
-    if isinstance(gpus, list) and tp is not None and tp > len(gpus):
-        fail("tensor-parallel", f"{tp} is more than the {len(gpus)} GPUs in gpus")
+    hosts = len(v["nodes.hosts"]) if isinstance(v["nodes.hosts"], list) else 1
+    if isinstance(gpus, list) and tp is not None and tp > len(gpus) * hosts:
+        fail("tensor-parallel", f"{tp} is more than the {len(gpus) * hosts} GPUs in gpus"
+             + (f" on {hosts} hosts" if hosts > 1 else ""))
     if gpus == "all" and tp is None and spec.tp_flag:
         fail("tensor-parallel", 'required with gpus = "all" (the GPU count is only known at start)')
     if isinstance(gpus, list):

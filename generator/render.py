@@ -51,6 +51,10 @@ def fill(template: str, values: dict[str, str]) -> str:
 
 
 def health_url(m: Model) -> str | None:
+    """The URL readiness (and liveness) probe.  A worker of a multi-node model
+    probes the head's: the group answers only when every rank joined."""
+    if m.nodes is not None and not m.nodes.is_head:
+        return m.nodes.head_url
     if m.ready_url is not None:
         return m.ready_url
     path = ENGINE_SPECS[m.engine].health_path
@@ -73,7 +77,7 @@ def _engine_argv(m: Model) -> str:
         return exec_line(list(m.command) + list(m.args))
     tp = m.tensor_parallel
     if tp is None and isinstance(m.gpus, list):
-        tp = len(m.gpus)
+        tp = len(m.gpus) * (m.nodes.count if m.nodes else 1)   # the whole group's
     model = m.model or ""
     looks_local = model.startswith(("/", ".")) or model.endswith(".gguf")
     values = {
@@ -88,6 +92,8 @@ def _engine_argv(m: Model) -> str:
     argv = fill("engines/" + m.engine, values).strip()
     for flag, value in m.instance_args:
         argv += f" {flag} {exec_word(value)}"
+    if m.nodes is not None:
+        argv += "".join(" " + exec_word(a) for a in _node_args(m))
     if spec.p2p_off_args and m.nccl_p2p == "off":
         argv += " " + " ".join(exec_word(a) for a in spec.p2p_off_args)
     elif spec.p2p_off_args and m.nccl_p2p == "auto":
@@ -95,6 +101,17 @@ def _engine_argv(m: Model) -> str:
     if m.args:
         argv += " " + " ".join(exec_word(a) for a in m.args)
     return argv
+
+
+def _node_args(m: Model) -> list[str]:
+    nodes = m.nodes
+    assert nodes is not None
+    common = ["--nnodes", str(nodes.count), "--node-rank", str(nodes.rank)]
+    if m.engine == "sglang":
+        return common + ["--dist-init-addr", nodes.addr]
+    # vllm: ranks > 0 run only engine workers, no API server
+    return common + ["--master-addr", nodes.addr_host, "--master-port", str(nodes.addr_port)] \
+        + (["--headless"] if not nodes.is_head else [])
 
 
 def _environment(m: Model) -> list[str]:
@@ -137,6 +154,7 @@ def _exec_start_pre(m: Model) -> list[str]:
     ~50 ms of the restart; see bench/restart_bench.py)."""
     argv = ["pre-start", "--unit", m.unit_name]
     selector = m.gpu_selector()
+    worker = m.nodes is not None and not m.nodes.is_head
     if selector is None and m.port is None:
         return []       # nothing to clean or wait for
     pci = m.gpus_by_pci
@@ -146,8 +164,13 @@ def _exec_start_pre(m: Model) -> list[str]:
                  "--term-grace", format_seconds(m.reap_term_grace),
                  "--timeout", format_seconds(m.reap_timeout)]
         argv += _ignore_args(m)
-    if m.port is not None:
+    if "port" in m.ports:
         argv += ["--host", m.host, "--port", str(m.port)]
+    if worker:
+        assert m.nodes is not None
+        # Parked here, holding no GPU, until the head's rendezvous listens:
+        # hosts may start in any order.
+        argv += ["--wait-rendezvous", m.nodes.addr]
     if pci or p2p:
         argv += ["--env-file", f"{ENV_FILE_DIR}/{m.name}.env"]
     if pci:
@@ -166,13 +189,25 @@ def _exec_start_pre(m: Model) -> list[str]:
     return ["ExecStartPre=+" + _hook(*argv)]
 
 
-def _timeout_start(m: Model) -> float:
+def _timeout_start(m: Model) -> str:
+    if m.nodes is not None and not m.nodes.is_head:
+        # A worker waits for its head as long as it takes (the hooks bound
+        # every other step themselves).
+        return "infinity"
     total = m.reap_term_grace + 2 * m.reap_timeout + START_MARGIN_S   # reap, then port
     if health_url(m) is not None:
         total += m.ready_timeout + m.ready_probe_timeout
     if m.nccl_p2p == "auto":
         total += P2P_ALLOWANCE_S
-    return total
+    return format_seconds(total)
+
+
+def _kill_signal(m: Model) -> str:
+    if m.engine == "sglang" and m.nodes is not None and not m.nodes.is_head:
+        # SGLang's ranks > 0 ignore SIGTERM (only rank 0 can stop the group)
+        # and have nothing to drain.
+        return "SIGKILL"
+    return "SIGTERM"
 
 
 def _stop_post_timeout(m: Model) -> float:
@@ -219,7 +254,8 @@ def render(m: Model) -> RenderedUnit:
         "exec_start": _engine_argv(m),
         "exec_start_post": "\n".join(post),
         "exec_stop_post": f"ExecStopPost=+{stop_post}" if stop_post else "",
-        "timeout_start": format_seconds(_timeout_start(m)),
+        "timeout_start": _timeout_start(m),
+        "kill_signal": _kill_signal(m),
         "timeout_stop": format_seconds(m.stop_timeout + STOP_MARGIN_S),
         "service_directives": "\n".join(_directives(m.service_directives)),
     }

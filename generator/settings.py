@@ -7,6 +7,7 @@ reference in the README (`python3 -m infer_units.generator.settings` prints it).
 from __future__ import annotations
 
 from .durations import parse_duration
+from .nodes import check_addr, check_hosts, check_rank
 
 # typing and dataclasses cost more than the generator's whole budget to import
 # (bench/generator_bench.py): names for the type checker only.
@@ -266,6 +267,17 @@ SETTINGS: tuple[Setting, ...] = (
             "How long the server may drain after SIGTERM; default per engine (TGI 180s: "
             "90s for its router, then for its shards; SGLang 60s; others 30s; more when args set "
             "the server's own drain time). TimeoutStopSec= is derived from it."),
+    Setting("nodes.hosts", check_hosts, None,
+            "One model across hosts: every host, in rank order (sglang, vllm)."),
+    Setting("nodes.addr", check_addr, None,
+            "Rendezvous host:port (SGLang --dist-init-addr, vLLM --master-addr/--master-port); "
+            "default: the first host, port 29500."),
+    Setting("nodes.rank", check_rank, None,
+            "This host's rank; default: its name's position in hosts (set it in a host-local "
+            "drop-in)."),
+    Setting("nodes.head-url", check_nonempty_str, None,
+            "Where the other hosts probe the group's health; default: http://<addr host>:<port>"
+            "<health path>."),
     Setting("unit", check_directives, {}, "Raw [Unit] directives."),
     Setting("service", check_directives, {}, "Raw [Service] directives (they win over ours)."),
     Setting("install", check_directives, {},
@@ -274,7 +286,7 @@ SETTINGS: tuple[Setting, ...] = (
 
 BY_KEY: dict[str, Setting] = {s.key: s for s in SETTINGS}
 # Tables whose own keys are fixed (others are free-form: env, unit, service, install).
-FIXED_TABLES = ("reap", "ready", "stop")
+FIXED_TABLES = ("reap", "ready", "stop", "nodes")
 
 
 def reference_markdown() -> str:

@@ -92,6 +92,8 @@ def pre_start(argv: list[str]) -> int:
     p.add_argument("--p2p-off-args", default="",
                    help="server argv that P2P off needs beyond NCCL_P2P_DISABLE=1 "
                         "(e.g. --disable-custom-all-reduce), written to the env file")
+    p.add_argument("--wait-rendezvous", metavar="HOST:PORT",
+                   help="multi-node worker: then wait (unbounded) until the head listens there")
     p.add_argument("--p2p-off-env", action="append", default=[], metavar="NAME=VALUE",
                    help="environment that P2P off needs beyond NCCL_P2P_DISABLE=1 "
                         "(e.g. VLLM_ALLREDUCE_USE_FLASHINFER=0), written to the env file")
@@ -121,6 +123,9 @@ def pre_start(argv: list[str]) -> int:
         from .p2p import check_p2p
         record_p2p(unit, check_p2p(gpus, a.env_file, a.python, off_args=a.p2p_off_args,
                                      off_env=dict(v.partition("=")[::2] for v in a.p2p_off_env)))
+    if a.wait_rendezvous:
+        from .rendezvous import wait_rendezvous
+        wait_rendezvous(a.wait_rendezvous, _say)
     _say(f"start checks passed in {(time.monotonic() - started) * 1000:.0f} ms")
     return exitcodes.CLEAN
 

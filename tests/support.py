@@ -21,6 +21,8 @@ def base_env(**extra: str) -> dict[str, str]:
     env = dict(os.environ)
     env["PYTHONPATH"] = str(ROOT)
     env.setdefault("SYSTEMD_LOG_TARGET", "console")
+    # [nodes] ranks by host name: the tests' host is gpu-a.example, whatever this machine is
+    env.setdefault("INFER_UNITS_HOSTNAME", "gpu-a.example")
     env.update(extra)
     return env
 

@@ -28,7 +28,7 @@ TEMPLATES: dict[str, tuple[str, ...]] = {
         '# The server gets SIGTERM to drain; once it exits, systemd SIGKILLs what is',
         '# left of the cgroup (TP workers), so workers never hold a stop to its timeout.',
         'KillMode=mixed',
-        'KillSignal=SIGTERM',
+        'KillSignal={kill_signal}',
         'TimeoutStartSec={timeout_start}',
         'TimeoutStopSec={timeout_stop}',
         'Restart=on-failure',

@@ -5,7 +5,8 @@ from __future__ import annotations
 from .engines import ENGINE_SPECS
 from .errors import ConfigError
 from .loader import MergedConfig
-from .settings import (BUILTIN_IGNORE, BY_KEY, FIXED_TABLES, is_pci, scalar_text)
+from .settings import (BUILTIN_IGNORE, BY_KEY, FIXED_TABLES, is_env_name, is_pci, no_control,
+                       scalar_text, show)
 
 TYPE_CHECKING = False   # typing/dataclasses are too slow to import here
 if TYPE_CHECKING:
@@ -90,6 +91,9 @@ def _flatten(data: dict[str, Any], merged: MergedConfig) -> dict[str, Any]:
                     raise ConfigError(merged.file_of(dotted), dotted,
                                       f"unknown key (known in [{key}]: {known})")
                 flat[dotted] = subvalue
+        elif "." in key:
+            # A quoted top-level "reap.timeout" is not [reap] timeout.
+            raise ConfigError(merged.file_of(key), key, "unknown key")
         else:
             flat[key] = value
     return flat
@@ -102,6 +106,7 @@ def _nccl_name(key: str) -> str:
 
 
 def build_model(merged: MergedConfig) -> Model:
+    _check_path(merged.main_path)
     flat = _flatten(merged.data, merged)
     values: dict[str, Any] = {}
     nccl_env: dict[str, str] = {}
@@ -109,6 +114,9 @@ def build_model(merged: MergedConfig) -> Model:
         if key.startswith("nccl.") and key != "nccl.p2p":
             try:
                 name = _nccl_name(key[5:])
+                if not is_env_name(name):
+                    raise ValueError(f"becomes {show(name)}, which is not a valid environment "
+                                     "variable name (letters, digits, '_', '-')")
                 nccl_env[name] = scalar_text(raw, key)
             except ValueError as e:
                 raise ConfigError(merged.file_of(key), key, str(e)) from None
@@ -153,6 +161,17 @@ def build_model(merged: MergedConfig) -> Model:
         service_directives=values["service"],
         install_directives=values["install"],
     )
+
+
+def _check_path(path: str) -> None:
+    """The model file's path lands in SourcePath= ('%' is escaped there): it
+    must be text systemd can read on one line."""
+    try:
+        no_control(path)
+        path.encode("utf-8")
+    except (ValueError, UnicodeEncodeError):
+        raise ConfigError(path, None, "the file's path has control characters or is "
+                          "not UTF-8; SourcePath= cannot carry it") from None
 
 
 def _cross_check(v: dict[str, Any], merged: MergedConfig) -> None:

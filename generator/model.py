@@ -214,6 +214,24 @@ def _cross_check(v: dict[str, Any], merged: MergedConfig) -> None:
             fail("gpus", "mixes indexes, UUIDs and PCI bus ids; use one kind")
     if v["ready.url"] is not None and not v["ready.url"].startswith(("http://", "https://")):
         fail("ready.url", "must start with http:// or https://")
-    for key in v["install"]:
+    for key, targets in v["install"].items():
         if key not in ("WantedBy", "RequiredBy", "UpheldBy"):
             fail(f"install.{key}", "generated units only support WantedBy, RequiredBy, UpheldBy")
+        for target in targets:
+            # Each becomes the directory <target>.wants/ under the generator's
+            # output: a unit name, never a path.
+            if not _is_unit_name(target):
+                fail(f"install.{key}", f"{show(target)} is not a unit name like multi-user.target")
+
+
+_UNIT_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789:-_.\\@")
+_UNIT_TYPES = ("service", "socket", "target", "device", "mount", "automount", "swap", "timer",
+               "path", "slice", "scope")
+
+
+def _is_unit_name(text: str) -> bool:
+    """systemd's unit_name_is_valid(), for the names [install] may link from."""
+    stem, dot, suffix = text.rpartition(".")
+    return (bool(stem) and bool(dot) and suffix in _UNIT_TYPES and len(text) <= 255
+            and _UNIT_CHARS.issuperset(stem) and not stem.startswith(".")
+            and stem.count("@") <= 1 and not stem.startswith("@"))

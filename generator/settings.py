@@ -79,7 +79,8 @@ def check_nonempty_str(value: Any) -> str:
 
 # Bytes that end a line for systemd's unit parser (LF, CR, NUL) or have no
 # business in a unit; tab is whitespace to systemd and stays allowed.
-_CONTROL = frozenset(chr(c) for c in (*range(0x20), 0x7F)) - {"\t"}
+# NEL and the Unicode line separators too: they break lines for editors.
+_CONTROL = frozenset(chr(c) for c in (*range(0x20), 0x7F, 0x85, 0x2028, 0x2029)) - {"\t"}
 
 
 def show(value: Any, limit: int = 60) -> str:

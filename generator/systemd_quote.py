@@ -11,6 +11,9 @@ from __future__ import annotations
 _ENV_TABLE: dict[int, str] = {c: f"\\x{c:02x}" for c in (*range(0x20), 0x7F)}
 _ENV_TABLE.update({ord("\\"): "\\\\", ord('"'): '\\"', ord("\n"): "\\n",
                    ord("\t"): "\\t", ord("\r"): "\\r", ord("%"): "%%"})
+# Unicode line and paragraph separators and NEL: no line break to systemd,
+# but one to editors and to Python's splitlines(); systemd reads \uXXXX back.
+_ENV_TABLE.update({c: f"\\u{c:04x}" for c in (0x85, 0x2028, 0x2029)})
 _EXEC_TABLE = dict(_ENV_TABLE)
 _EXEC_TABLE[ord("$")] = "$$"
 
@@ -37,7 +40,7 @@ def environment_assignment(name: str, value: str) -> str:
     return '"' + f"{name}={value}".translate(_ENV_TABLE) + '"'
 
 
-_PLAIN_TABLE: dict[int, str | None] = {c: " " for c in (*range(0x20), 0x7F)}
+_PLAIN_TABLE: dict[int, str | None] = {c: " " for c in (*range(0x20), 0x7F, 0x85, 0x2028, 0x2029)}
 _PLAIN_TABLE[ord("%")] = "%%"
 
 
@@ -64,6 +67,8 @@ def comment_text(text: str) -> str:
         code = ord(ch)
         if code < 0x20 or code == 0x7F:
             out.append(f"\\x{code:02x}")
+        elif code in (0x85, 0x2028, 0x2029):
+            out.append(f"\\u{code:04x}")
         elif 0xDC80 <= code <= 0xDCFF:
             out.append(f"\\x{code - 0xDC00:02x}")
         elif 0xD800 <= code <= 0xDFFF:

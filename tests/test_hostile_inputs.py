@@ -135,6 +135,8 @@ HOSTILE: dict[str, tuple[dict[str, str | bytes | Writer], str, str, str]] = {
                        "bad.toml", "nccl.socket ifname", "not a valid environment variable name"),
     "nccl-key-dot": ({"bad.toml": BASE + '[nccl]\n"a.b" = "1"\n'},
                      "bad.toml", "nccl.a.b", "not a valid environment variable name"),
+    "install-path-traversal": ({"bad.toml": BASE + '[install]\nWantedBy = "../../../etc/evil.target"\n'},
+                               "bad.toml", "install.WantedBy", "not a unit name"),
     "top-level-dotted": ({"bad.toml": BASE + '"reap.timeout" = "1s"\n'},
                          "bad.toml", "reap.timeout", "unknown key"),
     # Names: valid unit names only, and never one the system already has.
@@ -274,7 +276,7 @@ ACCEPTED: dict[str, str | bytes | Writer] = {
     "argv.toml": ('engine = "command"\ngpus = [2]\n'
                   'command = ["/opt/srv/serve", "a\\nExecStartPre=/bin/evil", "b\\r", "c\\\\"]\n'),
     # Strings that are escaped, not refused.
-    "strings.toml": ('engine = "command"\ngpus = [3]\ncommand = ["serve", "%n $HOME \\u001b"]\n'
+    "strings.toml": ('engine = "command"\ngpus = [3]\ncommand = ["serve", "%n $HOME \\u001b \\u2028 \\u0085"]\n'
                      'description = "100% sure, ünï \\t tab, \\\\ in the middle"\n'
                      'user = "_svc-1"\n'
                      '[env]\nCTRL = "a\\u0001b\\rc\\nd\\\\"\nPCT = "%i %%"\n'

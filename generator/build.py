@@ -51,7 +51,12 @@ def load_all(names: list[str] | None = None, dirs: list[str] | None = None) -> L
         try:
             loaded.models.append(build_model(load_model(name, path, dirs)))
         except Exception as e:      # noqa: BLE001 - one file never takes the others down
-            loaded.errors.append(as_config_error(path, e))
+            error = as_config_error(path, e)
+            if _name_of(error.path) != name:
+                # A host-wide defaults file: the same line for every model, so say whose.
+                error = ConfigError(error.path, error.key, f"{error.reason} (model {name})")
+            error.model = name
+            loaded.errors.append(error)
     try:
         loaded.conflicts = find_conflicts(loaded.models)
     except Exception as e:          # noqa: BLE001
@@ -59,7 +64,8 @@ def load_all(names: list[str] | None = None, dirs: list[str] | None = None) -> L
     if names:
         wanted = {n.removesuffix(".service") for n in names}
         loaded.models = [m for m in loaded.models if m.name in wanted]
-        loaded.errors = [e for e in loaded.errors if _name_of(e.path) in wanted]
+        loaded.errors = [e for e in loaded.errors
+                         if (getattr(e, "model", None) or _name_of(e.path)) in wanted]
         loaded.conflicts = [e for e in loaded.conflicts if _name_of(e.path) in wanted]
     return loaded
 

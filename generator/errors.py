@@ -27,6 +27,7 @@ class ConfigError(Exception):
         self.path = path
         self.key = key
         self.reason = reason
+        self.model: str | None = None     # the model refused, when path is not its own
         super().__init__(str(self))
 
     def __str__(self) -> str:

@@ -267,8 +267,13 @@ def _existing_unit(unit: str) -> str | None:
     generator wrote it (`infer-units render --output /etc/systemd/system`)."""
     if not _system_units_listed:
         _system_units_listed.append(True)
+        seen = set()
         for directory in reversed(unit_path()):     # the first directory wins
             try:
+                st = os.stat(directory)
+                if (st.st_dev, st.st_ino) in seen:
+                    continue        # /lib is /usr/lib on merged-/usr systems: list it once
+                seen.add((st.st_dev, st.st_ino))
                 for entry in os.listdir(directory):
                     _system_units[entry] = directory
             except OSError:

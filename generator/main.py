@@ -62,11 +62,15 @@ def write_unit(out_dir: str, unit: RenderedUnit) -> None:
         if not os.path.isdir(full):
             os.makedirs(full)
         link = os.path.join(full, unit.name)
-        tmp = os.path.join(full, f".{unit.name}.{os.getpid()}.tmp")
-        if os.path.lexists(tmp):
-            os.unlink(tmp)
-        os.symlink(os.path.join("..", unit.name), tmp)
-        _replace(tmp, link)
+        target = os.path.join("..", unit.name)
+        try:
+            os.symlink(target, link)        # atomic by itself
+        except FileExistsError:             # an earlier run's (render --output): replace it
+            tmp = os.path.join(full, f".{unit.name}.{os.getpid()}.tmp")
+            if os.path.lexists(tmp):
+                os.unlink(tmp)
+            os.symlink(target, tmp)
+            _replace(tmp, link)
 
 
 def main(argv: list[str] | None = None) -> int:

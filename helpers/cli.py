@@ -59,7 +59,7 @@ def render(names: tuple[str, ...], output: str | None) -> None:
     for conflict in loaded.conflicts:
         click.echo(f"error: {conflict}", err=True)
     missing = {n.removesuffix(".service") for n in names} - {m.name for m in loaded.models}
-    missing -= {e.path.rsplit("/", 1)[-1].removesuffix(".toml") for e in loaded.errors}
+    missing -= {e.model or e.path.rsplit("/", 1)[-1].removesuffix(".toml") for e in loaded.errors}
     for name in sorted(missing):
         click.echo(f"error: no model file named {name}.toml on the search path", err=True)
     if output:

@@ -27,6 +27,10 @@ import pytest
 
 hypothesis = pytest.importorskip("hypothesis")
 from hypothesis import HealthCheck, given, settings, strategies as st  # noqa: E402
+from hypothesis.configuration import set_hypothesis_home_dir  # noqa: E402
+
+# Hypothesis caches Unicode tables under ./.hypothesis: not in the checkout.
+set_hypothesis_home_dir(os.path.join(tempfile.gettempdir(), "infer-units-hypothesis"))
 
 from infer_units.generator.errors import one_line  # noqa: E402
 from infer_units.generator.main import main  # noqa: E402

@@ -354,3 +354,22 @@ def test_hostile_but_accepted_units_pass_verify(tmp_path: Path) -> None:
     shutil.copytree("/usr/lib/systemd/system", verify_root / "usr/lib/systemd/system",
                     symlinks=True)
     assert_verify_clean(verify_root, generated, "hostile-but-accepted corpus")
+
+
+def test_unreadable_host_defaults_refuse_every_model_by_name(tmp_path: Path) -> None:
+    """defaults.toml.d may hold what makes a host safe (p2p = "off" on a
+    SEV-SNP host): when it cannot be read, no model starts without it."""
+    etc, units = make_tree(tmp_path, {"other.toml": BASE, "defaults.toml.d": symlink_loop})
+    out = tmp_path / "out"
+    out.mkdir()
+    done = subprocess.run([PYTHON, "-m", "infer_units.generator.main", str(out)],
+                          capture_output=True, text=True, timeout=60, env=env_for(etc, units))
+    assert done.returncode == 0 and "Traceback" not in done.stderr
+    assert done.stderr.splitlines() == [
+        f"infer-units-generator: {etc}/defaults.toml.d: cannot list drop-ins: "
+        f"Too many levels of symbolic links (model {name}) (no unit generated)"
+        for name in ("good", "other")]
+    assert not list(out.iterdir())
+    checked = run_cli("check", "other", env=env_for(etc, units), timeout=60)
+    assert checked.returncode == 1 and "(model other)" in checked.stderr
+    assert "(model good)" not in checked.stderr and "Traceback" not in checked.stderr

@@ -1,12 +1,20 @@
 """Load every model on the search path: the shared front half of the generator,
-`infer-units render` and `infer-units check`."""
+`infer-units render` and `infer-units check`.
+
+No exception of one model file may take the others down (DESIGN.md, "Bad
+input"): every failure while loading, validating or rendering one model
+becomes a ConfigError naming its file."""
 
 from __future__ import annotations
 
 from .conflicts import find_conflicts
 from .errors import ConfigError
-from .loader import discover, forget_cache, load_model, search_path
+from .loader import MAX_DEPTH, discover, forget_cache, load_model, search_path
 from .model import Model, build_model
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from .render import RenderedUnit
 
 
 class Loaded:
@@ -14,6 +22,24 @@ class Loaded:
         self.models: list[Model] = []
         self.errors = errors                          # per file: no unit
         self.conflicts: list[ConfigError] = []        # across files
+
+
+def as_config_error(path: str, e: BaseException) -> ConfigError:
+    """Any exception met while handling `path`, as one clear line."""
+    if isinstance(e, ConfigError):
+        return e
+    if isinstance(e, RecursionError):
+        return ConfigError(path, None, f"nested too deeply (more than {MAX_DEPTH} levels)")
+    if isinstance(e, MemoryError):
+        return ConfigError(path, None, "out of memory while reading it (too large?)")
+    if isinstance(e, OSError):
+        where = f" ({e.filename})" if e.filename and e.filename != path else ""
+        return ConfigError(path, None, f"cannot read{where}: {e.strerror or e}")
+    if isinstance(e, ValueError) and "integer string conversion" in str(e):
+        return ConfigError(path, None, "integer too large")
+    # A bug of ours, not the file's fault alone: say so, and name the file.
+    return ConfigError(path, None, f"internal error ({type(e).__name__}: {e}); "
+                       "please report it with this file")
 
 
 def load_all(names: list[str] | None = None, dirs: list[str] | None = None) -> Loaded:
@@ -24,15 +50,39 @@ def load_all(names: list[str] | None = None, dirs: list[str] | None = None) -> L
     for name, path in found.items():
         try:
             loaded.models.append(build_model(load_model(name, path, dirs)))
-        except ConfigError as e:
-            loaded.errors.append(e)
-    loaded.conflicts = find_conflicts(loaded.models)
+        except Exception as e:      # noqa: BLE001 - one file never takes the others down
+            error = as_config_error(path, e)
+            if _name_of(error.path) != name:
+                # A host-wide defaults file: the same line for every model, so say whose.
+                error = ConfigError(error.path, error.key, f"{error.reason} (model {name})")
+            error.model = name
+            loaded.errors.append(error)
+    try:
+        loaded.conflicts = find_conflicts(loaded.models)
+    except Exception as e:          # noqa: BLE001
+        loaded.conflicts = [as_config_error("(overlap check)", e)]
     if names:
         wanted = {n.removesuffix(".service") for n in names}
         loaded.models = [m for m in loaded.models if m.name in wanted]
-        loaded.errors = [e for e in loaded.errors if _name_of(e.path) in wanted]
+        loaded.errors = [e for e in loaded.errors
+                         if (getattr(e, "model", None) or _name_of(e.path)) in wanted]
         loaded.conflicts = [e for e in loaded.conflicts if _name_of(e.path) in wanted]
     return loaded
+
+
+def render_checked(model: Model) -> RenderedUnit:
+    """render(), with every failure (and any unit text systemd would read
+    differently from what we meant) as a ConfigError naming the model file."""
+    from .render import render
+    from .systemd_quote import unit_text_problem
+    try:
+        unit = render(model)
+    except Exception as e:          # noqa: BLE001
+        raise as_config_error(model.main_path, e) from None
+    problem = unit_text_problem(unit.text)
+    if problem:
+        raise ConfigError(model.main_path, None, f"the unit {problem}; refused")
+    return unit
 
 
 def _name_of(path: str) -> str:

@@ -11,16 +11,25 @@ _UNITS: dict[str, float] = {
     "d": 86400.0, "day": 86400.0, "days": 86400.0,
 }
 
+# The longest span accepted: 10 years.  systemd keeps spans as 64-bit
+# microseconds (~584,000 years), and we add a few spans together for
+# TimeoutStartSec=: 10 years each stays far below that, and stays exact in a
+# float at microsecond resolution (3.2e14 us < 2**53).  No wait of ours is
+# meant to be longer; "never" is not a duration we render.
+MAX_SECONDS = 10 * 365 * 86400
+# str.isdigit() is true for "١٢" and float() reads it: only ASCII digits here.
+_DIGITS = frozenset("0123456789")
+_LETTERS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ")
+_MAX_NUMBER_CHARS = 24   # "315360000000000.000000" and friends; longer is nonsense
+
 
 def parse_duration(text: str | int | float) -> float:
     """Seconds in a systemd time span; ValueError with the reason otherwise."""
     if isinstance(text, bool):
         raise ValueError("expected a time span like \"10s\" or \"2min\"")
     if isinstance(text, (int, float)):
-        if text < 0:
-            raise ValueError("a time span cannot be negative")
-        return float(text)
-    s = text.strip()
+        return _bounded(text, text)
+    s = text.strip(" ")
     if not s:
         raise ValueError("empty time span")
     total = 0.0
@@ -30,27 +39,54 @@ def parse_duration(text: str | int | float) -> float:
         while i < n and s[i] == " ":
             i += 1
         j = i
-        while j < n and (s[j].isdigit() or s[j] == "."):
+        while j < n and (s[j] in _DIGITS or s[j] == "."):
             j += 1
-        if j == i:
-            raise ValueError(f"bad time span {text!r}: expected a number at {s[i:]!r}")
-        number = float(s[i:j])
+        number_text = s[i:j]
+        if not number_text or number_text == "." or number_text.count(".") > 1:
+            raise ValueError(f"bad time span {_show(text)}: expected a number at {_show(s[i:])}")
+        if j - i > _MAX_NUMBER_CHARS:
+            raise ValueError(f"bad time span {_show(text)}: number too large "
+                             f"(at most {MAX_SECONDS}s, 10 years)")
+        number = float(number_text)
         while j < n and s[j] == " ":
             j += 1
         k = j
-        while k < n and s[k].isalpha():
+        while k < n and s[k] in _LETTERS:
             k += 1
         unit = s[j:k]
         if unit and unit not in _UNITS:
-            raise ValueError(f"bad time span {text!r}: unknown unit {unit!r}")
+            raise ValueError(f"bad time span {_show(text)}: unknown unit {_show(unit)}")
+        if k == j and k < n and s[k] not in " ":
+            raise ValueError(f"bad time span {_show(text)}: unexpected {_show(s[k])}")
         total += number * _UNITS[unit or "s"]
         i = k
-    return total
+    return _bounded(total, text)
+
+
+def _bounded(seconds: float, text: object) -> float:
+    # NaN fails every comparison, so test for what is allowed.
+    if not seconds == seconds or seconds in (float("inf"), float("-inf")):
+        raise ValueError("not a finite time span")
+    if seconds < 0:
+        raise ValueError("a time span cannot be negative")
+    if seconds > MAX_SECONDS:
+        raise ValueError(f"time span too long (at most {MAX_SECONDS}s, 10 years)")
+    return float(seconds)
+
+
+def _show(text: object) -> str:
+    shown = repr(text)
+    return shown if len(shown) <= 60 else shown[:57] + "..."
 
 
 def format_seconds(seconds: float) -> str:
-    """A span systemd reads back exactly (whole ms)."""
-    ms = round(seconds * 1000)
-    if ms % 1000 == 0:
-        return f"{ms // 1000}s"
-    return f"{ms}ms"
+    """A span systemd reads back exactly, to the microsecond ("90s", "1500ms", "250us").
+
+    Whole units only: systemd's parser takes "1.5s" too, but an integer keeps
+    the text exact for any float we hand it."""
+    us = round(seconds * 1_000_000)
+    if us % 1_000_000 == 0:
+        return f"{us // 1_000_000}s"
+    if us % 1000 == 0:
+        return f"{us // 1000}ms"
+    return f"{us}us"

@@ -2,14 +2,35 @@
 
 from __future__ import annotations
 
+# A message is one log line: whatever a path, key or reason holds (a drop-in
+# named "a\nb.toml", bytes that are not UTF-8) is shown escaped, and a
+# megabyte of value is cut short.
+MAX_MESSAGE = 2000
+
+
+def one_line(text: str) -> str:
+    if text.isprintable():
+        return text
+    out = []
+    for ch in text:
+        if ch.isprintable():
+            out.append(ch)
+        elif "\udc80" <= ch <= "\udcff":          # a byte os.fsdecode() could not decode
+            out.append(f"\\x{ord(ch) - 0xDC00:02x}")
+        else:
+            out.append(ch.encode("unicode_escape", "backslashreplace").decode("ascii"))
+    return "".join(out)
+
 
 class ConfigError(Exception):
     def __init__(self, path: str, key: str | None, reason: str) -> None:
         self.path = path
         self.key = key
         self.reason = reason
+        self.model: str | None = None     # the model refused, when path is not its own
         super().__init__(str(self))
 
     def __str__(self) -> str:
         where = f"{self.path}: {self.key}" if self.key else self.path
-        return f"{where}: {self.reason}"
+        text = one_line(f"{where}: {self.reason}")
+        return text if len(text) <= MAX_MESSAGE else text[:MAX_MESSAGE - 3] + "..."

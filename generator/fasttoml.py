@@ -30,6 +30,7 @@ class _Parser:
         self.s = text
         self.i = 0
         self.n = len(text)
+        self.depth = 0      # nested arrays: deeper ones go to tomllib (no RecursionError here)
 
     def fail(self) -> None:
         raise Unsupported(self.i)
@@ -113,8 +114,8 @@ class _Parser:
         while self.i < self.n and self.s[self.i] in _DIGITS:
             self.i += 1
         digits = self.s[digits_start:self.i]
-        if not digits or (len(digits) > 1 and digits[0] == "0"):
-            self.fail()
+        if not digits or (len(digits) > 1 and digits[0] == "0") or len(digits) > 18:
+            self.fail()      # > 18 digits may not fit 64 bits: tomllib, then the loader's limit
         if self.i < self.n and self.s[self.i] not in " \t\r\n,]#":
             self.fail()      # floats, dates, hex, underscores: tomllib
         return int(self.s[start:self.i])
@@ -177,6 +178,9 @@ class _Parser:
 
     def array(self) -> list[Any]:
         self.i += 1
+        self.depth += 1
+        if self.depth > 8:
+            self.fail()
         items: list[Any] = []
         while True:
             self.skip_ws_comments_newlines()
@@ -184,6 +188,7 @@ class _Parser:
                 self.fail()
             if self.s[self.i] == "]":
                 self.i += 1
+                self.depth -= 1
                 return items
             items.append(self.value())
             self.skip_ws_comments_newlines()

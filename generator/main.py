@@ -10,23 +10,67 @@ from __future__ import annotations
 import os
 import sys
 
-from .build import load_all
+from .build import as_config_error, load_all, render_checked
+from .errors import ConfigError
 from .log import GeneratorLog
-from .render import RenderedUnit, render
+from .render import RenderedUnit
+
+
+def _replace(tmp: str, path: str) -> None:
+    """rename(), removing the temporary file when that fails."""
+    try:
+        os.rename(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+
+
+def write_file(path: str, text: str) -> None:
+    """Atomically: a temporary file in the same directory, renamed over the
+    target.  A full disk (ENOSPC, EFBIG, EDQUOT) then leaves the old file or
+    none, never a truncated one, and an empty unit would mean "masked" to
+    systemd.  No fsync: the generator writes to a tmpfs rebuilt at every boot
+    and daemon-reload, and write()/close() report a full tmpfs or ext4."""
+    directory, base = os.path.split(path)
+    # A dot name: systemd ignores it should it ever see one left behind.
+    tmp = os.path.join(directory or ".", f".{base}.{os.getpid()}.tmp")
+    data = text.encode("utf-8")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+    try:
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view):]
+        finally:
+            os.close(fd)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+    _replace(tmp, path)
 
 
 def write_unit(out_dir: str, unit: RenderedUnit) -> None:
-    path = os.path.join(out_dir, unit.name)
-    with open(path, "w", encoding="utf-8") as f:
-        f.write(unit.text)
+    write_file(os.path.join(out_dir, unit.name), unit.text)
     for link_dir in unit.links:
         full = os.path.join(out_dir, link_dir)
         if not os.path.isdir(full):
             os.makedirs(full)
         link = os.path.join(full, unit.name)
-        if os.path.lexists(link):
-            os.unlink(link)
-        os.symlink(os.path.join("..", unit.name), link)
+        target = os.path.join("..", unit.name)
+        try:
+            os.symlink(target, link)        # atomic by itself
+        except FileExistsError:             # an earlier run's (render --output): replace it
+            tmp = os.path.join(full, f".{unit.name}.{os.getpid()}.tmp")
+            if os.path.lexists(tmp):
+                os.unlink(tmp)
+            os.symlink(target, tmp)
+            _replace(tmp, link)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -36,17 +80,28 @@ def main(argv: list[str] | None = None) -> int:
         log.error("usage: infer-units-generator normal-dir [early-dir late-dir]")
         return 1
     out_dir = argv[0]
-    loaded = load_all()
+    try:
+        loaded = load_all()
+    except Exception as e:      # noqa: BLE001 - a bug of ours: one line, not a traceback
+        log.error(f"{as_config_error('(search path)', e)} (no unit generated)")
+        return 1
     for error in loaded.errors:
         log.error(f"{error} (no unit generated)")
     for conflict in loaded.conflicts:
         log.error(f"{conflict} (both generated; the start hook refuses to take a busy GPU)")
     for model in loaded.models:
         try:
-            write_unit(out_dir, render(model))
+            unit = render_checked(model)
+        except Exception as e:      # noqa: BLE001
+            log.error(f"{as_config_error(model.main_path, e)} (no unit generated)")
+            continue
+        try:
+            write_unit(out_dir, unit)
             log.debug(f"{model.main_path}: wrote {model.unit_name}")
-        except OSError as e:
-            log.error(f"{model.main_path}: cannot write {model.unit_name}: {e.strerror}")
+        except Exception as e:      # noqa: BLE001
+            reason = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
+            log.error(str(ConfigError(model.main_path, None,
+                                      f"cannot write {model.unit_name}: {reason}")))
     return 0
 
 

@@ -6,7 +6,8 @@ from .engines import ENGINE_SPECS, TEARDOWN_S, env_name, flag_value
 from .errors import ConfigError
 from .loader import MergedConfig
 from .nodes import Nodes, build_nodes
-from .settings import (BUILTIN_IGNORE, BY_KEY, FIXED_TABLES, is_pci, scalar_text)
+from .settings import (BUILTIN_IGNORE, BY_KEY, FIXED_TABLES, is_env_name, is_pci, no_control,
+                       scalar_text, show)
 
 TYPE_CHECKING = False   # typing/dataclasses are too slow to import here
 if TYPE_CHECKING:
@@ -98,6 +99,9 @@ def _flatten(data: dict[str, Any], merged: MergedConfig) -> dict[str, Any]:
                     raise ConfigError(merged.file_of(dotted), dotted,
                                       f"unknown key (known in [{key}]: {known})")
                 flat[dotted] = subvalue
+        elif "." in key:
+            # A quoted top-level "reap.timeout" is not [reap] timeout.
+            raise ConfigError(merged.file_of(key), key, "unknown key")
         else:
             flat[key] = value
     return flat
@@ -110,6 +114,7 @@ def _nccl_name(key: str) -> str:
 
 
 def build_model(merged: MergedConfig) -> Model:
+    _check_path(merged.main_path)
     flat = _flatten(merged.data, merged)
     values: dict[str, Any] = {}
     nccl_env: dict[str, str] = {}
@@ -117,6 +122,9 @@ def build_model(merged: MergedConfig) -> Model:
         if key.startswith("nccl.") and key != "nccl.p2p":
             try:
                 name = _nccl_name(key[5:])
+                if not is_env_name(name):
+                    raise ValueError(f"becomes {show(name)}, which is not a valid environment "
+                                     "variable name (letters, digits, '_', '-')")
                 nccl_env[name] = scalar_text(raw, key)
             except ValueError as e:
                 raise ConfigError(merged.file_of(key), key, str(e)) from None
@@ -244,6 +252,17 @@ def _instance_ports(name: str, v: dict[str, Any], spec: Any, merged: MergedConfi
     return tuple(args), ports
 
 
+def _check_path(path: str) -> None:
+    """The model file's path lands in SourcePath= ('%' is escaped there): it
+    must be text systemd can read on one line."""
+    try:
+        no_control(path)
+        path.encode("utf-8")
+    except (ValueError, UnicodeEncodeError):
+        raise ConfigError(path, None, "the file's path has control characters or is "
+                          "not UTF-8; SourcePath= cannot carry it") from None
+
+
 def _cross_check(v: dict[str, Any], merged: MergedConfig) -> None:
     def fail(key: str, reason: str) -> None:
         raise ConfigError(merged.file_of(key), key, reason)
@@ -301,6 +320,24 @@ def _cross_check(v: dict[str, Any], merged: MergedConfig) -> None:
             fail("env.VLLM_ENGINE_READY_TIMEOUT_S",
                  f"{ready_env!r} is below [ready] timeout ({v['ready.timeout']:g}s): vLLM "
                  "would abort its own start first (leave it unset: infer-units sets it)")
-    for key in v["install"]:
+    for key, targets in v["install"].items():
         if key not in ("WantedBy", "RequiredBy", "UpheldBy"):
             fail(f"install.{key}", "generated units only support WantedBy, RequiredBy, UpheldBy")
+        for target in targets:
+            # Each becomes the directory <target>.wants/ under the generator's
+            # output: a unit name, never a path.
+            if not _is_unit_name(target):
+                fail(f"install.{key}", f"{show(target)} is not a unit name like multi-user.target")
+
+
+_UNIT_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789:-_.\\@")
+_UNIT_TYPES = ("service", "socket", "target", "device", "mount", "automount", "swap", "timer",
+               "path", "slice", "scope")
+
+
+def _is_unit_name(text: str) -> bool:
+    """systemd's unit_name_is_valid(), for the names [install] may link from."""
+    stem, dot, suffix = text.rpartition(".")
+    return (bool(stem) and bool(dot) and suffix in _UNIT_TYPES and len(text) <= 255
+            and _UNIT_CHARS.issuperset(stem) and not stem.startswith(".")
+            and stem.count("@") <= 1 and not stem.startswith("@"))

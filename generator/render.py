@@ -10,7 +10,8 @@ from .durations import format_seconds
 from .engines import ENGINE_SPECS
 from .model import Model
 from .settings import BUILTIN_IGNORE
-from .systemd_quote import environment_assignment, exec_line, exec_word, plain_value
+from .systemd_quote import (comment_text, environment_assignment, exec_line, exec_word,
+                            path_value, plain_value)
 
 HOOK_CLI = "/usr/bin/infer-units"   # where the .deb installs the CLI the hooks call
 ENV_FILE_DIR = "/run/infer-units"
@@ -243,9 +244,9 @@ def render(m: Model) -> RenderedUnit:
                  " --result $SERVICE_RESULT") if selector else ""
     values = {
         "version": __version__,
-        "sources": " ".join(m.sources),
+        "sources": " ".join(comment_text(s) for s in m.sources),
         "description": plain_value(_description(m)),
-        "source_path": m.main_path,
+        "source_path": path_value(m.main_path),
         "unit_directives": "\n".join(_directives(m.unit_directives)),
         "user": f"User={m.user}" if m.user else "",
         "name": m.name,

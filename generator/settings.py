@@ -78,9 +78,113 @@ def check_nonempty_str(value: Any) -> str:
     return value
 
 
+# Bytes that end a line for systemd's unit parser (LF, CR, NUL) or have no
+# business in a unit; tab is whitespace to systemd and stays allowed.
+# NEL and the Unicode line separators too: they break lines for editors.
+_CONTROL = frozenset(chr(c) for c in (*range(0x20), 0x7F, 0x85, 0x2028, 0x2029)) - {"\t"}
+
+
+def show(value: Any, limit: int = 60) -> str:
+    """repr() for error messages, cut short: a value can be a megabyte."""
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+def no_control(value: str) -> str:
+    """Refuse control characters (a newline or CR would start a new directive)."""
+    if not value.isprintable():      # fast path: most values are printable
+        for ch in value:
+            if ch in _CONTROL:
+                raise ValueError(f"contains the control character {ch!r}, "
+                                 "which could start a new line in the unit")
+    return value
+
+
+def check_line(value: Any) -> str:
+    """Text that lands verbatim on one unit line (Description=)."""
+    value = no_control(check_nonempty_str(value))
+    if value.endswith("\\"):
+        raise ValueError("ends with a backslash, which systemd reads as a line continuation")
+    return value
+
+
+def check_operand(value: Any) -> str:
+    """A value the server takes after a flag (the model): not itself a flag."""
+    value = no_control(check_nonempty_str(value))
+    if value.startswith("-"):
+        raise ValueError(f"{show(value)} starts with '-', so the server would read it as a flag")
+    return value
+
+
+def check_word(value: Any) -> str:
+    """A host or URL: one word, no control characters, not a flag."""
+    value = check_operand(value)
+    if " " in value or "\t" in value:
+        raise ValueError(f"{show(value)} contains whitespace")
+    return value
+
+
+def check_url(value: Any) -> str:
+    value = check_word(value)
+    if not value.startswith(("http://", "https://")):
+        raise ValueError("must start with http:// or https://")
+    return value
+
+
+def check_program(value: Any) -> str:
+    """The first word of an Exec line: an absolute, normalized path, or a bare
+    name systemd looks up in its PATH (what `systemd-analyze verify` accepts)."""
+    value = no_control(check_nonempty_str(value))
+    if value.startswith("/"):
+        if any(part in ("", ".", "..") for part in value.split("/")[1:]):
+            raise ValueError(f"{show(value)} is not a normalized path "
+                             "(no '//', '.', '..' or trailing '/')")
+        if len(value.encode()) >= 4096 or any(len(p.encode()) > 255 for p in value.split("/")):
+            raise ValueError("path too long")
+        return value
+    if "/" in value:
+        raise ValueError(f"{show(value)} is a relative path: give an absolute path, "
+                         "or a bare name that systemd looks up in its PATH")
+    if value in (".", "..") or len(value.encode()) > 255:
+        raise ValueError(f"{show(value)} is not a program name")
+    if value[0] in "-@+!:":
+        raise ValueError(f"{show(value)} starts with {value[0]!r}, "
+                         "which systemd reads as a flag of the Exec line")
+    return value
+
+
+_DIGITS = frozenset("0123456789")
+_USER_CHARS = _ENV_CHARS | frozenset("-")
+
+
+def check_user(value: Any) -> str:
+    """systemd's strict user name rules (what User= takes without a warning),
+    or a numeric UID."""
+    value = check_nonempty_str(value)
+    if _DIGITS.issuperset(value):
+        if (len(value) > 10 or (len(value) > 1 and value[0] == "0")
+                or int(value) > 4294967294 or int(value) == 65535):
+            raise ValueError(f"{show(value)} is not a valid numeric UID")
+        return value
+    if not ((value[0] in _LETTERS or value[0] == "_") and _USER_CHARS.issuperset(value)
+            and len(value) <= 31):
+        raise ValueError(f"{show(value)} is not a valid user name (a letter or '_', then "
+                         "letters, digits, '_' or '-', at most 31 characters; or a numeric UID)")
+    return value
+
+
+# Integers beyond 64 bits are no port, index or count, and str() of a huge one
+# raises (Python limits int->str to 4300 digits): refuse them early.
+INT_LIMIT = 2 ** 63
+# CUDA and NVML take a GPU index as a C int.
+GPU_INDEX_LIMIT = 2 ** 31
+
+
 def check_int(value: Any) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
         raise ValueError(f"expected an integer, got {type(value).__name__}")
+    if not -INT_LIMIT <= value < INT_LIMIT:
+        raise ValueError("integer too large (more than 64 bits)")
     return value
 
 
@@ -112,8 +216,10 @@ def check_argv(value: Any) -> list[str]:
     value = check_str_list(value)
     if not value:
         raise ValueError("must name at least the program to run")
-    if not value[0]:
-        raise ValueError("the program (first item) must not be empty")
+    try:
+        check_program(value[0])
+    except ValueError as e:
+        raise ValueError(f"item 0 (the program): {e}") from None
     return value
 
 
@@ -138,11 +244,13 @@ def check_gpus(value: Any) -> list[str | int] | str:
             raise ValueError(f"item {i} is a boolean")
         if isinstance(item, int):
             if item < 0:
-                raise ValueError(f"item {i}: GPU index {item} is negative")
+                raise ValueError(f"item {i}: GPU index {show(item)} is negative")
+            if item >= GPU_INDEX_LIMIT:
+                raise ValueError(f"item {i}: GPU index {show(item)} is too large")
         elif isinstance(item, str):
             if not (is_uuid(item) or is_pci(item)):
                 raise ValueError(
-                    f"item {i}: {item!r} is neither a GPU index, a GPU-<uuid> nor a PCI bus id")
+                    f"item {i}: {show(item)} is neither a GPU index, a GPU-<uuid> nor a PCI bus id")
             if is_pci(item):
                 item = normalize_pci(item)
         else:
@@ -171,15 +279,25 @@ def check_env_table(value: Any) -> dict[str, str]:
     out: dict[str, str] = {}
     for name, item in value.items():
         if not _is_env_name(name):
-            raise ValueError(f"{name!r} is not a valid environment variable name")
+            raise ValueError(f"{show(name)} is not a valid environment variable name")
         out[name] = scalar_text(item, name)
     return out
+
+
+def is_env_name(name: str) -> bool:
+    """What systemd's Environment= takes as a name: [A-Za-z_][A-Za-z0-9_]*."""
+    return _is_env_name(name)
 
 
 def scalar_text(item: Any, name: str) -> str:
     if isinstance(item, bool):
         return "1" if item else "0"
-    if isinstance(item, (int, float)):
+    if isinstance(item, int):
+        try:
+            return str(check_int(item))
+        except ValueError as e:
+            raise ValueError(f"{name}: {e}") from None
+    if isinstance(item, float):
         return str(item)
     if isinstance(item, str):
         return _no_nul(item)
@@ -187,22 +305,35 @@ def scalar_text(item: Any, name: str) -> str:
 
 
 def check_directives(value: Any) -> dict[str, list[str]]:
-    """Raw systemd directives; a list value repeats the directive."""
+    """Raw systemd directives; a list value repeats the directive.  Passed
+    through verbatim (specifiers and all), so a value that could end its line
+    early or continue it onto the next is refused, not escaped."""
     if not isinstance(value, dict):
         raise ValueError("expected a table of systemd directives")
     out: dict[str, list[str]] = {}
     for name, item in value.items():
         if not _is_directive(name):
-            raise ValueError(f"{name!r} is not a systemd directive name (like TimeoutStopSec)")
+            raise ValueError(f"{show(name)} is not a systemd directive name (like TimeoutStopSec)")
         items = item if isinstance(item, list) else [item]
         texts = []
         for element in items:
             if isinstance(element, bool):
                 texts.append("yes" if element else "no")
             elif isinstance(element, (int, float, str)):
-                text = str(element)
-                if "\n" in text or "\0" in text:
-                    raise ValueError(f"{name}: a directive value cannot span lines")
+                try:
+                    if isinstance(element, str):
+                        text = no_control(element)
+                    elif isinstance(element, int):
+                        text = str(check_int(element))
+                    elif element != element or element in (float("inf"), float("-inf")):
+                        raise ValueError("not a finite number")
+                    else:
+                        text = str(element)
+                except ValueError as e:
+                    raise ValueError(f"{name}: {e}") from None
+                if text.endswith("\\"):
+                    raise ValueError(f"{name}: ends with a backslash, which systemd reads "
+                                     "as a line continuation")
                 texts.append(text)
             else:
                 raise ValueError(f"{name}: expected strings, numbers or booleans")
@@ -213,7 +344,7 @@ def check_directives(value: Any) -> dict[str, list[str]]:
 def check_choice(choices: tuple[str, ...]) -> Callable[[Any], str]:
     def check(value: Any) -> str:
         if value not in choices:
-            raise ValueError(f"{value!r} is not one of: {', '.join(choices)}")
+            raise ValueError(f"{show(value)} is not one of: {', '.join(choices)}")
         return value
     return check
 
@@ -231,22 +362,22 @@ class Setting:
 SETTINGS: tuple[Setting, ...] = (
     Setting("engine", check_choice(ENGINES), None,
             "Server to run: " + ", ".join(ENGINES) + ". Required."),
-    Setting("model", check_nonempty_str, None,
+    Setting("model", check_operand, None,
             "Model path or hub id (every engine but command)."),
     Setting("gpus", check_gpus, None,
             'GPUs: indexes (PCI-bus order, as nvidia-smi), "GPU-<uuid>", PCI bus ids, or "all".'),
     Setting("port", check_port, None, "TCP port the server listens on."),
-    Setting("host", check_nonempty_str, "127.0.0.1", "Address the server binds."),
+    Setting("host", check_word, "127.0.0.1", "Address the server binds."),
     Setting("tensor-parallel", check_positive_int, None,
             "Tensor-parallel size; default: the number of GPUs."),
     Setting("args", check_str_list, [], "Extra argv for the server, passed verbatim."),
     Setting("command", check_argv, None, "engine = \"command\": the whole argv."),
-    Setting("python", check_nonempty_str, "/usr/bin/python3",
+    Setting("python", check_program, "/usr/bin/python3",
             "Interpreter for sglang, vllm and trtllm (`<python> -m <module>`)."),
-    Setting("executable", check_nonempty_str, None,
+    Setting("executable", check_program, None,
             "Server binary for tgi and llamacpp (default: text-generation-launcher, llama-server)."),
-    Setting("user", check_nonempty_str, None, "User= the server runs as (hooks stay root)."),
-    Setting("description", check_nonempty_str, None, "Description= of the unit."),
+    Setting("user", check_user, None, "User= the server runs as (hooks stay root)."),
+    Setting("description", check_line, None, "Description= of the unit."),
     Setting("env", check_env_table, {}, "Extra environment, verbatim, applied last."),
     Setting("nccl.p2p", check_choice(("on", "off", "auto")), "on",
             'on: NCCL decides; off: NCCL_P2P_DISABLE=1; auto: copy-and-compare self-test at start.'),
@@ -257,7 +388,7 @@ SETTINGS: tuple[Setting, ...] = (
             "How long to wait for GPUs (and the port) to become free."),
     Setting("reap.ignore", check_str_list, [],
             "Process names never touched, added to: " + ", ".join(BUILTIN_IGNORE) + "."),
-    Setting("ready.url", check_nonempty_str, None, "Health URL; default: the engine's."),
+    Setting("ready.url", check_url, None, "Health URL; default: the engine's."),
     Setting("ready.timeout", check_duration, 1200.0, "How long the server may take to load."),
     Setting("ready.interval", check_duration, 1.0, "Time between health polls."),
     Setting("ready.probe-timeout", check_duration, None,

@@ -11,6 +11,9 @@ from __future__ import annotations
 _ENV_TABLE: dict[int, str] = {c: f"\\x{c:02x}" for c in (*range(0x20), 0x7F)}
 _ENV_TABLE.update({ord("\\"): "\\\\", ord('"'): '\\"', ord("\n"): "\\n",
                    ord("\t"): "\\t", ord("\r"): "\\r", ord("%"): "%%"})
+# Unicode line and paragraph separators and NEL: no line break to systemd,
+# but one to editors and to Python's splitlines(); systemd reads \uXXXX back.
+_ENV_TABLE.update({c: f"\\u{c:04x}" for c in (0x85, 0x2028, 0x2029)})
 _EXEC_TABLE = dict(_ENV_TABLE)
 _EXEC_TABLE[ord("$")] = "$$"
 
@@ -37,6 +40,61 @@ def environment_assignment(name: str, value: str) -> str:
     return '"' + f"{name}={value}".translate(_ENV_TABLE) + '"'
 
 
+_PLAIN_TABLE: dict[int, str | None] = {c: " " for c in (*range(0x20), 0x7F, 0x85, 0x2028, 0x2029)}
+_PLAIN_TABLE[ord("%")] = "%%"
+
+
 def plain_value(text: str) -> str:
-    """Text for directives that expand specifiers but do not unquote (Description=)."""
-    return text.replace("%", "%%").replace("\n", " ")
+    """Text for directives that expand specifiers but do not unquote
+    (Description=): control characters become spaces (nothing can end the
+    line), and a trailing backslash, which would continue it, is dropped."""
+    return text.translate(_PLAIN_TABLE).rstrip("\\")
+
+
+def path_value(path: str) -> str:
+    """A path for SourcePath= (specifiers are expanded there)."""
+    return path.replace("%", "%%")
+
+
+def comment_text(text: str) -> str:
+    """Text for a comment line: control characters and undecodable bytes
+    (os.fsdecode's surrogates) shown as \\xNN, so a file named "a\\nb.toml"
+    stays on its line."""
+    if text.isprintable():
+        return text
+    out = []
+    for ch in text:
+        code = ord(ch)
+        if code < 0x20 or code == 0x7F:
+            out.append(f"\\x{code:02x}")
+        elif code in (0x85, 0x2028, 0x2029):
+            out.append(f"\\u{code:04x}")
+        elif 0xDC80 <= code <= 0xDCFF:
+            out.append(f"\\x{code - 0xDC00:02x}")
+        elif 0xD800 <= code <= 0xDFFF:
+            out.append(f"\\u{code:04x}")
+        else:
+            out.append(ch)
+    return "".join(out)
+
+
+# systemd's read_line() ends a line at LF, CR or NUL; lines over LONG_LINE_MAX
+# (1 MiB) fail the whole unit.
+_LINE_MAX = 1 << 20
+_BAD_BYTES = bytes((*range(0x09), *range(0x0B, 0x20), 0x7F))   # controls but TAB and LF
+
+
+def unit_text_problem(text: str) -> str | None:
+    """The last line of defence before a unit is written: None when every
+    line is a line systemd reads as we meant it, else why not."""
+    try:
+        data = text.encode("utf-8")
+    except UnicodeEncodeError:
+        return "would not be valid UTF-8"
+    if len(data.translate(None, _BAD_BYTES)) != len(data):
+        return "would contain a control character (CR, NUL, ...)"
+    if "\\\n" in text or text.endswith("\\"):
+        return "would contain a line ending in a backslash (a line continuation)"
+    if len(data) >= _LINE_MAX and any(len(l.encode()) >= _LINE_MAX for l in text.split("\n")):
+        return "would contain a line longer than systemd reads (1 MiB)"
+    return None

@@ -49,9 +49,9 @@ def main() -> None:
 @click.option("--output", type=click.Path(file_okay=False), help="Write units here instead of stdout.")
 def render(names: tuple[str, ...], output: str | None) -> None:
     """Print (or write) what the generator would write."""
-    from ..generator.build import load_all
+    from ..generator.build import load_all, render_checked
+    from ..generator.errors import ConfigError
     from ..generator.main import write_unit
-    from ..generator.render import render as render_unit
 
     loaded = load_all(list(names))
     for error in loaded.errors:
@@ -59,20 +59,28 @@ def render(names: tuple[str, ...], output: str | None) -> None:
     for conflict in loaded.conflicts:
         click.echo(f"error: {conflict}", err=True)
     missing = {n.removesuffix(".service") for n in names} - {m.name for m in loaded.models}
-    missing -= {e.path.rsplit("/", 1)[-1].removesuffix(".toml") for e in loaded.errors}
+    missing -= {e.model or e.path.rsplit("/", 1)[-1].removesuffix(".toml") for e in loaded.errors}
     for name in sorted(missing):
         click.echo(f"error: no model file named {name}.toml on the search path", err=True)
     if output:
         os.makedirs(output, exist_ok=True)
+    failed = False
     for model in loaded.models:
-        unit = render_unit(model)
+        try:
+            unit = render_checked(model)
+            if output:
+                write_unit(output, unit)
+        except (ConfigError, OSError) as e:
+            what = e if isinstance(e, ConfigError) else f"{model.main_path}: cannot write: {e.strerror}"
+            click.echo(f"error: {what}", err=True)
+            failed = True
+            continue
         if output:
-            write_unit(output, unit)
             click.echo(os.path.join(output, unit.name))
         else:
             click.echo(f"# {unit.name}" + (f" (linked from {', '.join(unit.links)})" if unit.links else ""))
             click.echo(unit.text)
-    if loaded.errors or missing:
+    if loaded.errors or missing or failed:
         sys.exit(CONFIG_ERROR)
 
 
@@ -80,15 +88,20 @@ def render(names: tuple[str, ...], output: str | None) -> None:
 @click.argument("names", nargs=-1)
 def check(names: tuple[str, ...]) -> None:
     """Validate model files, GPU and port overlaps; exit 1 on any error."""
-    from ..generator.build import load_all
-    from ..generator.render import render as render_unit
+    from ..generator.build import load_all, render_checked
+    from ..generator.errors import ConfigError
 
     loaded = load_all(list(names))
     problems = [*loaded.errors, *loaded.conflicts]
     for problem in problems:
         click.echo(f"error: {problem}", err=True)
     for model in loaded.models:
-        render_unit(model)
+        try:
+            render_checked(model)
+        except ConfigError as e:
+            click.echo(f"error: {e}", err=True)
+            problems.append(e)
+            continue
         click.echo(f"ok: {model.main_path} -> {model.unit_name}")
     if not loaded.models and not problems:
         click.echo("no model files on the search path", err=True)

@@ -37,6 +37,11 @@ REJECTED = [
     'a = "unterminated\n', "a = [1, 2\n", "a = truex\n", "a = 1 2\n", "a =\n",
     "= 1\n", 'a = "ctrl \x01"\n', "a = 1\rb = 2\n", "a = 1 # bad \x00\n",
     'a = "\\ud800"\n', "a = [1,,2]\n", "a = -\n", "a = inf\n",
+    # Left to tomllib (and to the loader's limits): may not fit 64 bits, or
+    # nested deeper than any model file (fasttoml must not recurse into a
+    # RecursionError of its own).
+    "a = 1234567890123456789\n", "a = " + "1" * 5000 + "\n", "a = " + "[" * 9 + "]" * 9 + "\n",
+    "a = " + "[" * 5000 + "]" * 5000 + "\n",
 ]
 
 

@@ -153,6 +153,89 @@ def on_sigterm() -> threading.Event:
     return stop
 
 
+class Group:
+    """A multi-node group's rendezvous, as torch.distributed forms it over TCP:
+    rank 0 listens on the rendezvous address, every other rank connects (for
+    FAKE_JOIN_TIMEOUT_S, 30 s, then fails like a store timeout) and says its
+    rank; the group is formed once all joined.  No rank can rejoin: when a
+    peer goes away the others hang, as in an NCCL collective on a dead peer
+    (FAKE_ON_PEER_LOSS=exit: they exit 1 instead)."""
+
+    def __init__(self, engine: str, nnodes: int, rank: int, host: str, port: int) -> None:
+        self.engine, self.nnodes, self.rank = engine, nnodes, rank
+        self.host, self.port = host, port
+        self.peers: list[socket.socket] = []
+        self.lost = threading.Event()
+
+    def form(self, stop: threading.Event) -> bool:
+        if self.rank == 0:
+            server = socket.socket()
+            server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            server.bind(("0.0.0.0", self.port))
+            server.listen()
+            server.settimeout(0.2)
+            joined: set[int] = set()
+            while len(joined) < self.nnodes - 1:
+                if stop.is_set():
+                    return False
+                try:
+                    conn, _ = server.accept()
+                except socket.timeout:
+                    continue
+                conn.settimeout(5)
+                try:
+                    line = conn.makefile().readline()   # probes connect and say nothing
+                except OSError:
+                    line = ""
+                if line.startswith("rank "):
+                    joined.add(int(line.split()[1]))
+                    conn.settimeout(None)
+                    self.peers.append(conn)
+                    say(self.engine, f"rank {line.split()[1]} joined ({len(joined) + 1}/{self.nnodes})")
+                else:
+                    conn.close()
+        else:
+            deadline = time.monotonic() + env_float("FAKE_JOIN_TIMEOUT_S", 30.0)
+            while True:
+                try:
+                    conn = socket.create_connection((self.host, self.port), timeout=2)
+                    break
+                except OSError:
+                    if time.monotonic() > deadline:
+                        say(self.engine, f"DistStoreError: timed out connecting to "
+                            f"{self.host}:{self.port}")
+                        raise SystemExit(1)
+                    if stop.wait(0.5):
+                        return False
+            conn.settimeout(None)
+            conn.sendall(f"rank {self.rank}\n".encode())
+            self.peers.append(conn)
+        for conn in self.peers:
+            threading.Thread(target=self._watch, args=(conn,), daemon=True).start()
+        return True
+
+    def _watch(self, conn: socket.socket) -> None:
+        try:
+            while conn.recv(1024):
+                pass
+        except OSError:
+            pass
+        say(self.engine, "lost a peer of the group")
+        if os.environ.get("FAKE_ON_PEER_LOSS") == "exit":
+            os._exit(1)
+        self.lost.set()
+
+    def hang_if_lost(self) -> None:
+        if self.lost.is_set():
+            while True:           # a collective that never completes
+                time.sleep(3600)
+
+
+def group_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--nnodes", type=int, default=1)
+    p.add_argument("--node-rank", type=int, default=0)
+
+
 # ------------------------------------------------------------------ command
 
 def generic(argv: list[str]) -> int:
@@ -197,16 +280,35 @@ def sglang(argv: list[str]) -> int:
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=30000)
     p.add_argument("--disable-custom-all-reduce", action="store_true")
+    p.add_argument("--dist-init-addr", default=None)
+    group_args(p)
     args, _extra = p.parse_known_args(argv)
     record(os.environ.get("FAKE_RECORD"))
     # sglang sets this for itself whatever the environment says
     os.environ["CUDA_DEVICE_MAX_CONNECTIONS"] = "8"
     files = gpu_files()
-    workers = spawn_workers(args.tp_size, files)
+    workers = spawn_workers(args.tp_size // args.nnodes, files)
     stop = on_sigterm()
+    group = None
+    if args.nnodes > 1:
+        host, _, port = args.dist_init_addr.rpartition(":")
+        group = Group("sglang", args.nnodes, args.node_rank, host.strip("[]"), int(port))
+        if args.node_rank > 0:
+            # ranks > 0 ignore SIGTERM: only rank 0 can stop the group
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        if not group.form(stop):
+            kill_tree(workers)
+            return 0
     if stop.wait(env_float("FAKE_LOAD_S", 1.0)):     # schedulers loading: no HTTP yet
         kill_tree(workers)
         return 0
+    if group is not None and args.node_rank > 0:
+        # a dummy health server: 200 whatever becomes of the group
+        Server(args.host, args.port, lambda path: (200, "") if path in (
+            "/health", "/health_generate", "/ping") else (404, ""))
+        say("sglang", f"rank {args.node_rank} up, dummy health on {args.host}:{args.port}")
+        while True:
+            time.sleep(3600)
     state = {"warm_until": time.monotonic() + env_float("FAKE_WARMUP_S", 0.5),
              "shutting_down": False, "in_flight": 0}
     health_s = env_float("FAKE_HEALTH_S", 1.0)
@@ -216,6 +318,8 @@ def sglang(argv: list[str]) -> int:
             return 404, {"detail": "Not Found"}
         if state["shutting_down"] or time.monotonic() < state["warm_until"]:
             return 503, ""
+        if group is not None:
+            group.hang_if_lost()      # the token never comes
         time.sleep(health_s)          # upstream: sleep 1 s, then generate one token
         return 200, ""
 
@@ -241,9 +345,16 @@ def vllm(argv: list[str]) -> int:
     p.add_argument("--host", default=None)
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--disable-custom-all-reduce", action="store_true")
+    p.add_argument("--master-addr", default="127.0.0.1")
+    p.add_argument("--master-port", type=int, default=29501)
+    p.add_argument("--headless", action="store_true")
+    group_args(p)
     args, _extra = p.parse_known_args(argv[1:])
     record(os.environ.get("FAKE_RECORD"))
     host = args.host or "0.0.0.0"
+    if args.nnodes > 1 and args.node_rank > 0 and not args.headless:
+        say("vllm", "ValueError: remote engine ranks must use --headless")
+        return 1
     # The API server binds its socket before the engine starts, and listens later.
     sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -252,10 +363,22 @@ def vllm(argv: list[str]) -> int:
     engine_core = os.fork()
     if engine_core == 0:                     # EngineCore with its workers
         sock.close()
-        spawn_workers(args.tensor_parallel_size, gpu_files())
+        spawn_workers(args.tensor_parallel_size // args.nnodes, gpu_files())
         while True:
             time.sleep(3600)
     stop = on_sigterm()
+    group = None
+    if args.nnodes > 1:
+        group = Group("vllm", args.nnodes, args.node_rank, args.master_addr, args.master_port)
+        if not group.form(stop):
+            kill_tree([engine_core])
+            return 0
+        if args.headless:                    # no API server: workers until stopped
+            sock.close()
+            say("vllm", f"headless rank {args.node_rank} joined")
+            stop.wait()
+            kill_tree([engine_core])
+            return 0
     load = env_float("FAKE_LOAD_S", 1.0)
     if stop.wait(min(load, ready_timeout)):
         kill_tree([engine_core])
@@ -265,8 +388,14 @@ def vllm(argv: list[str]) -> int:
             f"(VLLM_ENGINE_READY_TIMEOUT_S={ready_timeout:g})")
         kill_tree([engine_core])
         return 1
-    Server(host, args.port, lambda path: (200, "") if path == "/health"
-           else (404, {"detail": "Not Found"}), sock=sock)
+    def health(path: str):
+        if path != "/health":
+            return 404, {"detail": "Not Found"}
+        if group is not None:
+            group.hang_if_lost()
+        return 200, ""
+
+    Server(host, args.port, health, sock=sock)
     say("vllm", f"API server on {host}:{args.port}, tp {args.tensor_parallel_size}, "
         f"custom all-reduce {'off' if args.disable_custom_all_reduce else 'on'}")
     stop.wait()

@@ -223,6 +223,8 @@ def status(names: tuple[str, ...], as_json: bool) -> None:
     from .status import collect, table
     report = collect(list(names))
     click.echo(json.dumps(report, indent=2) if as_json else table(report))
+    for name in report["unknown"]:
+        click.echo(f"infer-units: no model file named {name}.toml on the search path", err=True)
     if report["unknown"]:
         sys.exit(exitcodes.CONFIG_ERROR)
 

@@ -40,8 +40,7 @@ _unit = _checked(argtypes.unit)
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> None:  # usage errors are exit 1 here, not argparse's 2
-        self.print_usage(sys.stderr)
-        _say(f"{self.prog}: {message}")
+        _say(f"{self.prog}: {message} (see --help)")     # one line: it lands in the journal
         sys.exit(exitcodes.CONFIG_ERROR)
 
 

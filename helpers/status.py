@@ -82,8 +82,7 @@ def collect(names: list[str]) -> dict[str, Any]:
     unknown = sorted({n.removesuffix(".service") for n in names} - known)
     return {"schema": SCHEMA_VERSION,
             "models": [model_status(m) for m in loaded.models],
-            "errors": [str(e) for e in loaded.errors + loaded.conflicts] +
-                      [f"no model file named {n}.toml on the search path" for n in unknown],
+            "errors": [str(e) for e in loaded.errors + loaded.conflicts],
             "unknown": unknown}
 
 

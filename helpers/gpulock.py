@@ -157,8 +157,8 @@ class GpuClaims:
                     continue
                 live, how = claim_live(other)
                 if live:
-                    conflicts.append(f"GPU {g.index} claimed by infer-units service "
-                                     f"{other.unit} ({how})")
+                    conflicts.append(f"GPU {g.index} belongs to infer-units service "
+                                     f"{other.unit} (its start claim, {how})")
             if not conflicts:
                 data = mine.as_text().encode()
                 for _g, fd in held:

@@ -198,7 +198,7 @@ def test_a_claim_of_a_stopped_unit_is_stale_and_wait_free_clears_its_own(
         b = run_cli("pre-start", "--unit", "b", "--gpus", "0", env=fake_gpus.env(
             DBUS_SYSTEM_BUS_ADDRESS="unix:path=/nonexistent"))
         assert b.returncode == 2
-        assert "GPU 0 claimed by infer-units service a.service" in b.stderr
+        assert "GPU 0 belongs to infer-units service a.service (its start claim" in b.stderr
         _stop(a)          # a is gone, its cgroup empty: the claim is stale
         again = run_cli("pre-start", "--unit", "b", "--gpus", "0", env=fake_gpus.env(
             DBUS_SYSTEM_BUS_ADDRESS="unix:path=/nonexistent"))

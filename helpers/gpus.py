@@ -283,6 +283,10 @@ class NvmlBackend(Backend):
                     use.memory_mib[g.index] = used // (1 << 20)
         return uses
 
+    def memory_used_mib(self, index: int) -> int:
+        """v1 used memory of one GPU (bench/reap_bench.py watches it)."""
+        return self.nvml.nvmlDeviceGetMemoryInfo(self._handles[index]).used // (1 << 20)
+
     def memory(self, gpus: list[Gpu]) -> dict[int, tuple[int, int]]:
         """Version 2 separates the driver's reservation from "used" (H200,
         bench/results/2026-11-30-h200/nvml-memory.txt: v1 used 615 MiB with no

@@ -28,7 +28,9 @@ class _Group(click.Group):
             kwargs.setdefault("prog_name", "infer-units")
             return super().main(*args, standalone_mode=False, **kwargs)
         except click.UsageError as e:
-            e.show()
+            # One line (the journal, scripts): which command, what is wrong.
+            where = e.ctx.command_path if e.ctx else "infer-units"
+            click.echo(f"{where}: {' '.join(e.format_message().split())} (see --help)", err=True)
             sys.exit(CONFIG_ERROR)
         except click.exceptions.Exit as e:
             sys.exit(e.exit_code)

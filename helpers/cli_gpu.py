@@ -10,8 +10,8 @@ import sys
 
 import click
 
-from . import exitcodes
-from .cli import _duration, main
+from . import argtypes, exitcodes
+from .cli import main
 from .hooks import gpus_or_exit, unit_name
 from .table import format_table
 
@@ -21,9 +21,36 @@ def _fail(message: str, code: int = exitcodes.CONFIG_ERROR) -> None:
     sys.exit(code)
 
 
+def _duration(value: str, name: str) -> float:
+    try:
+        return argtypes.duration(value)
+    except ValueError as e:
+        raise click.BadParameter(str(e), param_hint=name) from None
+
+
+class _Checked(click.ParamType):
+    """A click type from an argtypes check (ASCII digits, ranges)."""
+
+    def __init__(self, check) -> None:  # type: ignore[no-untyped-def]
+        self.check = check
+        self.name = check.__name__
+
+    def convert(self, value, param, ctx):  # type: ignore[no-untyped-def]
+        try:
+            return self.check(str(value))
+        except ValueError as e:
+            self.fail(str(e), param, ctx)
+
+
+PORT = _Checked(argtypes.port)
+UNIT = _Checked(argtypes.unit)
+
+
 def _gpus(selector: str | None):  # type: ignore[no-untyped-def]
+    """None (option not given): every GPU.  Any given text goes through the
+    strict selector: "" or "," is a usage error, never "all"."""
     from .gpus import GpuError, backend
-    if selector:
+    if selector is not None:
         return gpus_or_exit(selector)
     try:
         b = backend()
@@ -31,6 +58,17 @@ def _gpus(selector: str | None):  # type: ignore[no-untyped-def]
     except GpuError as e:
         _fail(str(e))
         raise AssertionError("unreachable")
+
+
+def _check_env_file(path: str | None) -> None:
+    """Before any work: an env file we could not update later is exit 1 now."""
+    if path is None:
+        return
+    from .envfile import EnvFileError, read_env_file
+    try:
+        read_env_file(path)
+    except EnvFileError as e:
+        _fail(str(e))
 
 
 # --------------------------------------------------------------------- holders
@@ -43,13 +81,19 @@ def holders(selector: str | None, as_json: bool) -> None:
     from .attribution import attribute
     b, gpus = _gpus(selector)
     seen = attribute(b, gpus, own_unit=None)
+    from .gpumemory import describe
     if as_json:
         click.echo(json.dumps({
             "backend": b.name, "exact": b.exact,
             "gpus": [{"index": g.index, "uuid": g.uuid, "pci": g.pci, "device": g.device,
                       "memory_total_mib": g.memory_total_mib,
                       "memory_used_mib": g.memory_used_mib} for g in gpus],
-            "holders": [h.as_json() for h in seen.holders]}, indent=2))
+            "holders": [h.as_json() for h in seen.holders],
+            # Not "free" unless both are empty: processes out of sight and
+            # memory no listed process holds (another PID namespace).
+            "unseen": seen.unseen,
+            "unaccounted_mib": {str(k): v for k, v in sorted(seen.unaccounted.items())}},
+            indent=2))
         return
     if not b.exact:
         click.echo("note: no NVML; GPU per process is a hint from CUDA_VISIBLE_DEVICES", err=True)
@@ -61,7 +105,11 @@ def holders(selector: str | None, as_json: bool) -> None:
                      i.unit or i.container or "-", h.kind, i.cmdline[:80]))
     for line in format_table(rows):
         click.echo(line)
-    if len(rows) == 1:
+    for line in describe(seen.unaccounted):
+        click.echo(line)
+    if seen.unseen:
+        click.echo(f"cannot see processes of other users ({seen.unseen}): run as root")
+    elif len(rows) == 1 and not seen.unaccounted:
         click.echo(f"no process uses GPU {','.join(str(g.index) for g in gpus)}")
 
 
@@ -69,7 +117,8 @@ def holders(selector: str | None, as_json: bool) -> None:
 
 @main.command()
 @click.option("--gpus", "selector", required=True, help='"0,1", "GPU-…", PCI ids, or "all".')
-@click.option("--unit", default=None, help="The service doing the reaping (its cgroup is its own).")
+@click.option("--unit", type=UNIT, default=None,
+              help="The service doing the reaping (its cgroup is its own).")
 @click.option("--foreign", type=click.Choice(["kill", "wait", "fail"]), default="kill")
 @click.option("--term-grace", default="10s", help="SIGTERM to SIGKILL.")
 @click.option("--timeout", default="60s", help="Overall limit after the grace.")
@@ -84,11 +133,15 @@ def reap(selector: str, unit: str | None, foreign: str, term_grace: str, timeout
     from .reaper import Reaper, ReapPolicy
     policy = ReapPolicy(foreign=foreign, term_grace=_duration(term_grace, "--term-grace"),
                         timeout=_duration(timeout, "--timeout"), ignore=ignore, dry_run=dry_run)
+    _check_env_file(env_file)
     b, gpus = _gpus(selector)
     result = Reaper(b, gpus, unit_name(unit), policy).run()
     if env_file and not dry_run and result.exit_code == exitcodes.CLEAN:
-        from .envfile import write_visible_devices
-        write_visible_devices(env_file, gpus)
+        from .envfile import EnvFileError, write_visible_devices
+        try:
+            write_visible_devices(env_file, gpus)
+        except EnvFileError as e:
+            _fail(str(e))
     if as_json:
         click.echo(json.dumps(result.as_json(), indent=2))
     else:
@@ -104,7 +157,7 @@ def reap(selector: str, unit: str | None, foreign: str, term_grace: str, timeout
 # --------------------------------------------------------------------- wait-port
 
 @main.command("wait-port")
-@click.option("--port", type=int, required=True)
+@click.option("--port", type=PORT, required=True)
 @click.option("--host", default="127.0.0.1")
 @click.option("--timeout", default="60s")
 def wait_port(port: int, host: str, timeout: str) -> None:
@@ -144,10 +197,17 @@ _hook_command("wait-free", "ExecStopPost: wait until the GPUs are free; report w
 @click.option("--timeout", default="90s")
 def p2p_check(selector: str, env_file: str | None, python: str, timeout: str) -> None:
     """Copy-and-compare between every GPU pair; NCCL_P2P_DISABLE=1 on failure."""
+    from .envfile import EnvFileError
     from .metrics import record_p2p
     from .p2p import check_p2p
+    seconds = _duration(timeout, "--timeout")
+    _check_env_file(env_file)
     _b, gpus = _gpus(selector)
-    verdict = check_p2p(gpus, env_file, python, _duration(timeout, "--timeout"))
+    try:
+        verdict = check_p2p(gpus, env_file, python, seconds)
+    except EnvFileError as e:
+        _fail(str(e))
+        return
     if env_file:
         # /run/infer-units/<name>.env belongs to <name>.service
         record_p2p(unit_name(os.path.basename(env_file).removesuffix(".env")), verdict)
@@ -163,6 +223,10 @@ def status(names: tuple[str, ...], as_json: bool) -> None:
     from .status import collect, table
     report = collect(list(names))
     click.echo(json.dumps(report, indent=2) if as_json else table(report))
+    for name in report["unknown"]:
+        click.echo(f"infer-units: no model file named {name}.toml on the search path", err=True)
+    if report["unknown"]:
+        sys.exit(exitcodes.CONFIG_ERROR)
 
 
 # --------------------------------------------------------------------- drain

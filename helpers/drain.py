@@ -8,7 +8,7 @@ import sys
 
 from . import exitcodes
 from .attribution import is_infer_units_service
-from .gpus import Backend, Gpu, GpuUse, backend, fd_holders
+from .gpus import Backend, FdScan, Gpu, GpuError, GpuUse, backend, fd_holders
 from .reaper import ReapPolicy, Reaper
 
 REFCNT = "/sys/module/nvidia/refcnt"
@@ -26,8 +26,12 @@ class DeviceHolders(Backend):
 
     def users(self, gpus: list[Gpu]) -> dict[int, GpuUse]:
         every = {g.index for g in gpus}
-        return {pid: GpuUse(pid, set(every))
-                for pid in fd_holders(set(self.base.device_files()))}
+        scan = FdScan(set(self.base.device_files()))
+        self.unseen = scan.unseen
+        return {pid: GpuUse(pid, set(every)) for pid in scan.held}
+
+    def memory(self, gpus: list[Gpu]) -> dict[int, tuple[int, int]]:
+        return self.base.memory(gpus)
 
     def device_files(self) -> list[str]:
         return self.base.device_files()
@@ -57,14 +61,24 @@ def drain(timeout: float, term_grace: float, ignore: tuple[str, ...], dry_run: b
                     _log("did not stop in time: " + ", ".join(left))
     except SystemdUnavailable as e:
         _log(f"systemd unavailable ({e}); reaping device holders only")
-    view = DeviceHolders(backend())
+    try:
+        view = DeviceHolders(backend())
+        gpus = view.gpus()
+    except GpuError as e:
+        _log(str(e))
+        return exitcodes.CONFIG_ERROR
+    # A leftover of an infer-units service (its stop timed out, say) is never
+    # touched, but it must not stop the rest from being reaped: spare it,
+    # reap everything else, then exit 2 naming it (DESIGN: 2 = blocked).
     policy = ReapPolicy(foreign="kill", term_grace=term_grace, timeout=timeout,
-                        ignore=ignore, dry_run=dry_run)
-    result = Reaper(view, view.gpus(), None, policy).run()
+                        ignore=ignore, dry_run=dry_run, services="spare")
+    result = Reaper(view, gpus, None, policy).run()
     remaining = fd_holders(set(view.device_files()))
     spared = {h.info.pid for h in result.ignored}
     _log(f"{module_refcount()}; {len(remaining)} process(es) hold /dev/nvidia*"
          + (f" ({len(spared)} on the ignore list)" if spared else ""))
     if result.exit_code == exitcodes.CLEAN:
         _log("drained" if not dry_run else "dry run: nothing touched")
+    else:
+        _log(f"not drained: {result.message}")
     return result.exit_code

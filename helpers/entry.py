@@ -1,18 +1,35 @@
 """`infer-units`: the hooks units run on every start and stop go straight to
-argparse (helpers/hooks.py); everything else goes to the click CLI."""
+argparse (helpers/hooks.py); everything else goes to the click CLI.
+
+Whatever escapes a command is one line on stderr and exit 1, never a
+traceback in the journal (INFER_UNITS_DEBUG=1 shows it)."""
 
 from __future__ import annotations
 
+import os
 import sys
 
 
-def main() -> None:
+def _run() -> None:
     argv = sys.argv[1:]
     if argv and argv[0] in ("pre-start", "wait-ready", "wait-free"):
         from .hooks import run
         sys.exit(run(argv))
     from .cli import main as cli_main
     cli_main()
+
+
+def main() -> None:
+    try:
+        _run()
+    except (SystemExit, KeyboardInterrupt):
+        raise
+    except BaseException as e:  # noqa: BLE001  (the last line of defence)
+        if os.environ.get("INFER_UNITS_DEBUG"):
+            raise
+        reason = " ".join(str(e).split())[:300] or type(e).__name__
+        print(f"infer-units: error: {type(e).__name__}: {reason}", file=sys.stderr, flush=True)
+        sys.exit(1)
 
 
 if __name__ == "__main__":

@@ -46,6 +46,9 @@ class GpuUse:
 class Backend:
     name = "none"
     exact = True      # False where "which GPU" is only a hint
+    # Processes the last users() call could not look into (other users' fds
+    # when not root): a holder may hide among them.
+    unseen: int = 0
 
     def gpus(self) -> list[Gpu]:
         raise NotImplementedError
@@ -54,6 +57,11 @@ class Backend:
         """pid -> the GPUs (among `gpus`) it uses."""
         raise NotImplementedError
 
+    def memory(self, gpus: list[Gpu]) -> dict[int, tuple[int, int]]:
+        """GPU index -> (used MiB, MiB used with no process at all: the driver's
+        reservation), now; {} where the backend cannot say."""
+        return {}
+
     def device_files(self) -> list[str]:
         """Every device node whose holders keep the driver busy (for drain)."""
         raise NotImplementedError
@@ -61,60 +69,154 @@ class Backend:
 
 # ------------------------------------------------------------------ fd scanning
 
-def fd_holders(paths: set[str]) -> dict[int, set[str]]:
-    """pid -> which of `paths` it holds open.  Scans every process (like fuser):
-    only for the fake backend, the /proc fallback and drain."""
-    held: dict[int, set[str]] = {}
-    me = os.getpid()
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        pid = int(entry)
-        if pid == me:
-            continue
-        fd_dir = f"/proc/{entry}/fd"
+def _fd_targets(fd_dir: str) -> list[str]:
+    try:
+        fds = os.listdir(fd_dir)
+    except OSError:
+        return []
+    out = []
+    for fd in fds:
         try:
-            fds = os.listdir(fd_dir)
+            out.append(os.readlink(f"{fd_dir}/{fd}"))
         except OSError:
             continue
-        for fd in fds:
-            try:
-                target = os.readlink(f"{fd_dir}/{fd}")
-            except OSError:
+    return out
+
+
+def _task_fd_targets(pid: int) -> list[str]:
+    """The fds of a process whose leader thread exited (a zombie leader): its
+    /proc/PID/fd is empty, but a live thread's /proc/PID/task/TID/fd shows the
+    table the threads still share."""
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return []
+    for tid in tids:
+        if tid != str(pid):
+            targets = _fd_targets(f"/proc/{pid}/task/{tid}/fd")
+            if targets:
+                return targets
+    return []
+
+
+class FdScan:
+    """pid -> which of `paths` it holds open.  Scans every process (like
+    fuser): only for the fake backend, the /proc fallback and drain.
+    `unseen` counts the processes whose fds could not be read (other users'
+    when not root): they may hold a device too."""
+
+    def __init__(self, paths: set[str]) -> None:
+        self.held: dict[int, set[str]] = {}
+        self.unseen = 0
+        me = os.getpid()
+        for entry in os.listdir("/proc"):
+            if not entry.isdigit():
                 continue
-            if target in paths:
-                held.setdefault(pid, set()).add(target)
-    return held
+            pid = int(entry)
+            if pid == me:
+                continue
+            fd_dir = f"/proc/{entry}/fd"
+            try:
+                fds = os.listdir(fd_dir)
+            except PermissionError:
+                self.unseen += 1
+                continue
+            except OSError:          # gone meanwhile
+                continue
+            if fds:
+                targets = _fd_targets(fd_dir)
+            else:
+                # Empty: a kernel thread, or a process whose leader exited
+                # while other threads keep the devices open.
+                targets = _task_fd_targets(pid)
+            for target in targets:
+                if target in paths:
+                    self.held.setdefault(pid, set()).add(target)
+
+
+def fd_holders(paths: set[str]) -> dict[int, set[str]]:
+    return FdScan(paths).held
 
 
 # ------------------------------------------------------------------ fake backend
 
 class FakeBackend(Backend):
+    """Optional keys per GPU, for the memory checks (NVML's figures):
+      "memory_used_mib"     the GPU's used memory, as nvmlDeviceGetMemoryInfo_v2
+                            reports it (reservation excluded)
+      "process_memory_mib"  what each holder of `device` uses on it (default 0)
+      "reserved_mib"        the driver's reservation (default 0)
+    The table is re-read when its file changes, so a test can change
+    memory_used_mib while a command runs (write a new file and rename it)."""
+
     name = "fake"
 
     def __init__(self, path: str) -> None:
+        self.path = path
+        self._stamp: tuple[int, int] | None = None
+        self._load()
+
+    def _load(self) -> None:
+        path = self.path
         try:
+            st = os.stat(path)
+            stamp = (st.st_mtime_ns, st.st_ino)
+            if stamp == self._stamp:
+                return
             with open(path, encoding="utf-8") as f:
                 table = json.load(f)
-            self._gpus = [Gpu(index=int(g["index"]), uuid=str(g["uuid"]),
-                              pci=normalize_pci(str(g["pci"])), device=str(g["device"]),
-                              memory_total_mib=int(g.get("memory_mib", 0)) or None)
-                          for g in table["gpus"]]
-        except (OSError, ValueError, KeyError, TypeError) as e:
-            raise GpuError(f"INFER_UNITS_FAKE_GPUS={path}: {e}") from None
+            gpus, extra = [], {}
+            for g in table["gpus"]:
+                gpu = Gpu(index=_whole(g["index"]), uuid=str(g["uuid"]),
+                          pci=normalize_pci(str(g["pci"])), device=str(g["device"]),
+                          memory_total_mib=_whole(g.get("memory_mib", 0)) or None,
+                          memory_used_mib=_optional(g.get("memory_used_mib")))
+                gpus.append(gpu)
+                extra[gpu.index] = (_whole(g.get("process_memory_mib", 0)),
+                                    _whole(g.get("reserved_mib", 0)))
+            if len({g.index for g in gpus}) != len(gpus):
+                raise ValueError("two GPUs with one index")
+        except Exception as e:   # any shape of bad file is one line, not a traceback
+            raise GpuError(f"INFER_UNITS_FAKE_GPUS={path}: {type(e).__name__}: {e}") from None
+        self._gpus, self._extra, self._stamp = gpus, extra, stamp
 
     def gpus(self) -> list[Gpu]:
+        self._load()
         return list(self._gpus)
 
     def users(self, gpus: list[Gpu]) -> dict[int, GpuUse]:
+        self._load()
         by_device = {g.device: g.index for g in gpus}
+        scan = FdScan(set(by_device))
+        self.unseen = scan.unseen
         uses: dict[int, GpuUse] = {}
-        for pid, files in fd_holders(set(by_device)).items():
-            uses[pid] = GpuUse(pid, {by_device[f] for f in files})
+        for pid, files in scan.held.items():
+            on = {by_device[f] for f in files}
+            uses[pid] = GpuUse(pid, on, {k: self._extra.get(k, (0, 0))[0] for k in on})
         return uses
+
+    def memory(self, gpus: list[Gpu]) -> dict[int, tuple[int, int]]:
+        self._load()
+        now = {g.index: g for g in self._gpus}
+        return {g.index: (now[g.index].memory_used_mib, self._extra[g.index][1])
+                for g in gpus
+                if g.index in now and now[g.index].memory_used_mib is not None}
 
     def device_files(self) -> list[str]:
         return [g.device for g in self._gpus]
+
+
+def _whole(value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"expected a whole number, got {value!r}")
+    number = int(value)
+    if not 0 <= number < 1 << 40:
+        raise ValueError(f"{value!r} out of range")
+    return number
+
+
+def _optional(value: object) -> int | None:
+    return None if value is None else _whole(value)
 
 
 # ------------------------------------------------------------------ NVML backend
@@ -182,7 +284,32 @@ class NvmlBackend(Backend):
         return uses
 
     def memory_used_mib(self, index: int) -> int:
+        """v1 used memory of one GPU (bench/reap_bench.py watches it)."""
         return self.nvml.nvmlDeviceGetMemoryInfo(self._handles[index]).used // (1 << 20)
+
+    def memory(self, gpus: list[Gpu]) -> dict[int, tuple[int, int]]:
+        """Version 2 separates the driver's reservation from "used" (H200,
+        bench/results/2026-11-30-h200/nvml-memory.txt: v1 used 615 MiB with no
+        process, v2 used 0 and reserved 615); without it, v1's used and a
+        configured baseline (gpumemory.py)."""
+        nvml = self.nvml
+        out: dict[int, tuple[int, int]] = {}
+        v2 = getattr(nvml, "nvmlMemory_v2", None)
+        for g in gpus:
+            h = self._handles[g.index]
+            try:
+                if v2 is not None:
+                    mem = nvml.nvmlDeviceGetMemoryInfo(h, version=v2)
+                    out[g.index] = (mem.used // (1 << 20), 0)
+                    continue
+            except (nvml.NVMLError, TypeError, AttributeError):
+                pass
+            try:
+                mem = nvml.nvmlDeviceGetMemoryInfo(h)
+                out[g.index] = (mem.used // (1 << 20), -1)     # -1: reservation unknown
+            except nvml.NVMLError:
+                continue
+        return out
 
     def device_files(self) -> list[str]:
         return _nvidia_device_files()
@@ -248,7 +375,9 @@ class ProcBackend(Backend):
         every = self.gpus()
         uses: dict[int, GpuUse] = {}
         wanted = {g.index for g in gpus}
-        for pid, _files in fd_holders({g.device for g in every}).items():
+        scan = FdScan({g.device for g in every})
+        self.unseen = scan.unseen
+        for pid, _files in scan.held.items():
             visible = _visible_devices(pid)
             on = {g.index for g in every} if visible is None else \
                 {g.index for g in select(every, visible, strict=False)}
@@ -286,23 +415,53 @@ def backend() -> Backend:
     return _backend
 
 
+def _ascii_digits(text: str) -> bool:
+    # str.isdigit() also takes "١" and "²": an index is ASCII digits only.
+    return text.isascii() and text.isdigit()
+
+
 def select(gpus: list[Gpu], selector: str, strict: bool = True) -> list[Gpu]:
-    """GPUs named by "0,1", "GPU-…", "0000:41:00.0" or "all" (comma-separated)."""
-    selector = selector.strip()
-    if selector in ("all", ""):
+    """GPUs named by "0,1", "GPU-…" (or a unique prefix of 9+ characters),
+    "0000:41:00.0" or "all" (comma-separated).
+
+    strict (what a user typed): an empty or blank selector, an empty item, an
+    unknown or ambiguous name is a GpuError (usage error, exit 1): an unset
+    shell variable must never mean every GPU.  Only "all" means all.
+    Not strict (a process's CUDA_VISIBLE_DEVICES, a hint): what does not
+    match is skipped, and empty means none, as CUDA reads it."""
+    text = selector.strip()
+    if text == "all":
         return list(gpus)
+    if not text:
+        if strict:
+            raise GpuError(f"empty GPU selector {selector!r}: name GPUs (\"0,1\") or \"all\"")
+        return []
     chosen: list[Gpu] = []
-    for item in (s.strip() for s in selector.split(",")):
+    for raw in text.split(","):
+        item = raw.strip()
         if not item:
+            if strict:
+                raise GpuError(f"empty item in GPU selector {selector!r}")
             continue
         match: list[Gpu]
-        if item.isdigit():
+        if item == "all":
+            if strict:
+                raise GpuError(f'"all" cannot be combined with other GPUs: {selector!r}')
+            continue
+        if _ascii_digits(item):
             match = [g for g in gpus if g.index == int(item)]
-        elif is_pci(item):
+        elif is_pci(item) and item.isascii():
             match = [g for g in gpus if g.pci == normalize_pci(item)]
         else:
-            match = [g for g in gpus if g.uuid.lower() == item.lower()
-                     or (len(item) > 8 and g.uuid.lower().startswith(item.lower()))]
+            low = item.lower()
+            match = [g for g in gpus if g.uuid.lower() == low]
+            if not match and len(item) > 8:
+                match = [g for g in gpus if g.uuid.lower().startswith(low)]
+                if len(match) > 1 and strict:
+                    raise GpuError(f"GPU {item!r} is ambiguous: prefix of "
+                                   + ", ".join(g.uuid for g in match))
+                if len(match) > 1:
+                    continue
         if not match:
             if strict:
                 known = ", ".join(f"{g.index} ({g.uuid}, {g.pci})" for g in gpus) or "none"

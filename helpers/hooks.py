@@ -14,33 +14,44 @@ import signal
 import sys
 import time
 
-from ..generator.durations import parse_duration
-from . import exitcodes
+from . import argtypes, exitcodes
 from .ports import wait_port_reporting
+
 
 def _say(message: str) -> None:
     print(f"infer-units: {message}", file=sys.stderr, flush=True)
 
 
-def _duration(text: str) -> float:
-    try:
-        return parse_duration(text)
-    except ValueError as e:
-        raise argparse.ArgumentTypeError(str(e)) from None
+def _checked(check):  # type: ignore[no-untyped-def]
+    """An argparse type from an argtypes check: its reason, one line, exit 1."""
+    def convert(text: str):  # type: ignore[no-untyped-def]
+        try:
+            return check(text)
+        except ValueError as e:
+            raise argparse.ArgumentTypeError(str(e)) from None
+    convert.__name__ = check.__name__
+    return convert
+
+
+_duration = _checked(argtypes.duration)
+_port = _checked(argtypes.port)
+_unit = _checked(argtypes.unit)
 
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> None:  # usage errors are exit 1 here, not argparse's 2
-        self.print_usage(sys.stderr)
-        _say(f"{self.prog}: {message}")
+        _say(f"{self.prog}: {message} (see --help)")     # one line: it lands in the journal
         sys.exit(exitcodes.CONFIG_ERROR)
 
 
 def gpus_or_exit(selector: str):  # type: ignore[no-untyped-def]
+    from .gpumemory import baseline_mib
     from .gpus import GpuError, backend, select
     try:
         b = backend()
-        return b, select(b.gpus(), selector)
+        chosen = select(b.gpus(), selector)
+        baseline_mib(-1)           # a bad INFER_UNITS_GPU_BASELINE_MIB is a usage error now
+        return b, chosen
     except GpuError as e:
         _say(str(e))
         sys.exit(exitcodes.CONFIG_ERROR)
@@ -74,15 +85,15 @@ def _refuse_without_restart(unit: str | None) -> None:
 
 def pre_start(argv: list[str]) -> int:
     p = _Parser(prog="infer-units pre-start",
-                description="ExecStartPre: reap the unit's GPUs, wait until they and the "
-                            "port are free, run the P2P self-test.")
-    p.add_argument("--unit", required=True)
+                description="ExecStartPre: claim the unit's GPUs, reap them, wait until "
+                            "they and the port are free, run the P2P self-test.")
+    p.add_argument("--unit", required=True, type=_unit)
     p.add_argument("--gpus", help='GPUs to clean: "0,1", UUIDs, PCI ids or "all"')
     p.add_argument("--foreign", choices=("kill", "wait", "fail"), default="kill")
     p.add_argument("--term-grace", type=_duration, default=10.0)
     p.add_argument("--timeout", type=_duration, default=60.0)
     p.add_argument("--ignore", action="append", default=[])
-    p.add_argument("--port", type=int)
+    p.add_argument("--port", type=_port)
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--env-file", help="where resolved CUDA_VISIBLE_DEVICES / P2P results go")
     p.add_argument("--resolve-pci", action="store_true",
@@ -100,13 +111,47 @@ def pre_start(argv: list[str]) -> int:
     a = p.parse_args(argv)
     unit = unit_name(a.unit)
     started = time.monotonic()
-    if a.gpus:
-        from .envfile import write_visible_devices
+    claims = None
+    if a.env_file:
+        from .envfile import EnvFileError, read_env_file
+        try:
+            read_env_file(a.env_file)     # unusable: say so before touching anything
+        except EnvFileError as e:
+            _say(str(e))
+            return exitcodes.CONFIG_ERROR
+    if a.gpus is not None:       # --gpus "" is a usage error, not "nothing to do"
+        from .gpulock import ClaimError, GpuClaims
+        b, gpus = gpus_or_exit(a.gpus)
+        claims = GpuClaims(gpus, unit)
+        try:
+            conflicts = claims.acquire()
+        except ClaimError as e:
+            _say(f"cannot claim GPU {','.join(str(g.index) for g in gpus)}: {e}")
+            return exitcodes.TIMED_OUT if e.timed_out else exitcodes.CONFIG_ERROR
+        if conflicts:
+            for line in conflicts:
+                _say(f"blocked: {line}")
+            _refuse_without_restart(unit)
+            return exitcodes.BLOCKED
+    code = _start_checks(a, unit, claims)
+    if code != exitcodes.CLEAN:
+        if claims is not None:
+            claims.release()      # a failed start holds no GPU
+        return code
+    _say(f"start checks passed in {(time.monotonic() - started) * 1000:.0f} ms")
+    return exitcodes.CLEAN
+
+
+def _start_checks(a: argparse.Namespace, unit: str, claims) -> int:  # type: ignore[no-untyped-def]
+    """Reap, env file, port, P2P: pre-start after the GPUs are claimed."""
+    gpus = claims.gpus if claims is not None else []
+    if claims is not None:
+        from .envfile import EnvFileError, write_visible_devices
+        from .gpus import backend
         from .metrics import record_reap
         from .reaper import Reaper, ReapPolicy
-        b, gpus = gpus_or_exit(a.gpus)
-        result = Reaper(b, gpus, unit, ReapPolicy(a.foreign, a.term_grace, a.timeout,
-                                                  tuple(a.ignore))).run()
+        result = Reaper(backend(), gpus, unit, ReapPolicy(a.foreign, a.term_grace, a.timeout,
+                                                          tuple(a.ignore))).run()
         record_reap(unit, result)
         gpu_list = ",".join(str(g.index) for g in gpus)
         _say(f"reap GPU {gpu_list}: {result.message} after {result.seconds * 1000:.0f} ms")
@@ -115,18 +160,27 @@ def pre_start(argv: list[str]) -> int:
         if result.exit_code != exitcodes.CLEAN:
             return result.exit_code
         if a.resolve_pci and a.env_file:
-            write_visible_devices(a.env_file, gpus)
+            try:
+                write_visible_devices(a.env_file, gpus)
+            except EnvFileError as e:
+                _say(str(e))
+                return exitcodes.CONFIG_ERROR
     if a.port and not wait_port_reporting(a.host, a.port, a.timeout, _say):
         return exitcodes.TIMED_OUT
-    if a.p2p and a.gpus and a.env_file:
+    if a.p2p and claims is not None and a.env_file:
+        from .envfile import EnvFileError
         from .metrics import record_p2p
         from .p2p import check_p2p
-        record_p2p(unit, check_p2p(gpus, a.env_file, a.python, off_args=a.p2p_off_args,
-                                     off_env=dict(v.partition("=")[::2] for v in a.p2p_off_env)))
+        try:
+            record_p2p(unit, check_p2p(gpus, a.env_file, a.python, off_args=a.p2p_off_args,
+                                       off_env=dict(v.partition("=")[::2]
+                                                    for v in a.p2p_off_env)))
+        except EnvFileError as e:
+            _say(str(e))
+            return exitcodes.CONFIG_ERROR
     if a.wait_rendezvous:
         from .rendezvous import wait_rendezvous
         wait_rendezvous(a.wait_rendezvous, _say)
-    _say(f"start checks passed in {(time.monotonic() - started) * 1000:.0f} ms")
     return exitcodes.CLEAN
 
 
@@ -161,12 +215,13 @@ def wait_ready(argv: list[str]) -> int:
 
 def wait_free(argv: list[str]) -> int:
     p = _Parser(prog="infer-units wait-free",
-                description="ExecStopPost: wait until nothing but ignored tools uses the "
-                            "GPUs; leftovers in the unit's own cgroup are reaped, others "
-                            "are waited for and reported.")
+                description="ExecStopPost: wait until the unit's own processes (orphaned "
+                            "workers included) are gone and their memory is back; other "
+                            "users of the GPUs are reported, not waited on.")
     p.add_argument("--gpus", required=True)
-    p.add_argument("--unit")
-    p.add_argument("--timeout", type=_duration, default=60.0)
+    p.add_argument("--unit", type=_unit)
+    p.add_argument("--timeout", type=_duration, default=60.0,
+                   help="keep it under TimeoutStopSec: systemd kills a hook that outlives it")
     p.add_argument("--ignore", action="append", default=[])
     p.add_argument("--result", default="", help="$SERVICE_RESULT, for the log")
     a = p.parse_args(argv)
@@ -174,12 +229,21 @@ def wait_free(argv: list[str]) -> int:
     from .reaper import Reaper, ReapPolicy
     unit = unit_name(a.unit)
     b, gpus = gpus_or_exit(a.gpus)
-    result = Reaper(b, gpus, unit, ReapPolicy("wait", 0.0, a.timeout, tuple(a.ignore))).run()
+    policy = ReapPolicy("report", 0.0, a.timeout, tuple(a.ignore), services="report")
+    result = Reaper(b, gpus, unit, policy).run()
     record_free(unit, result)
     where = f" ({unit} stopped: {a.result})" if a.result else ""
+    gpu_list = ",".join(str(g.index) for g in gpus)
     if result.exit_code == exitcodes.CLEAN:
-        _say(f"GPU {','.join(str(g.index) for g in gpus)} free after "
-             f"{result.seconds * 1000:.0f} ms{where}")
+        if unit:
+            from .gpulock import GpuClaims
+            GpuClaims(gpus, unit).release()
+        others = len(result.reported) + len(result.unaccounted)
+        _say(f"GPU {gpu_list} free after {result.seconds * 1000:.0f} ms{where}"
+             if not others else
+             f"GPU {gpu_list}: {unit or 'the unit'}'s processes gone after "
+             f"{result.seconds * 1000:.0f} ms{where}; {others} other user(s) left, "
+             "not waited on (the next start handles them per [reap] foreign)")
     else:   # the reaper has logged each holder left, with why
         _say(f"GPU not free{where}: {result.message}")
     return result.exit_code

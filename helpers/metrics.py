@@ -9,7 +9,9 @@ rewrites <dir>/infer-units.prom atomically (write, then rename).
 from __future__ import annotations
 
 import json
+import math
 import os
+import sys
 import time
 from typing import Any
 
@@ -21,11 +23,25 @@ def _state_path(unit: str) -> str:
 
 
 def load_state(unit: str) -> dict[str, Any]:
+    """The unit's counters; {} for a missing or damaged file (one that is not a
+    JSON object, numbers that are not finite): metrics start again rather
+    than fail a start, a stop or `status`."""
     try:
         with open(_state_path(unit), encoding="utf-8") as f:
-            return json.load(f)
-    except (OSError, ValueError):
+            state = json.load(f)
+    except (OSError, ValueError, RecursionError):
         return {}
+    if not isinstance(state, dict):
+        return {}
+    return {k: v for k, v in state.items() if isinstance(k, str) and _plain(v)}
+
+
+def _plain(value: Any) -> bool:
+    if isinstance(value, bool):
+        return False
+    if isinstance(value, (int, float)):
+        return math.isfinite(value)
+    return isinstance(value, str)
 
 
 def _update(unit: str | None, change: dict[str, Any], add: dict[str, float]) -> None:
@@ -34,7 +50,8 @@ def _update(unit: str | None, change: dict[str, Any], add: dict[str, float]) -> 
     try:
         state = load_state(unit)
         for key, value in add.items():
-            state[key] = state.get(key, 0) + value
+            before = state.get(key, 0)
+            state[key] = (before if isinstance(before, (int, float)) else 0) + value
         state.update(change)
         state["updated"] = time.time()
         os.makedirs(STATE_DIR, exist_ok=True)
@@ -43,9 +60,9 @@ def _update(unit: str | None, change: dict[str, Any], add: dict[str, float]) -> 
             json.dump(state, f)
         os.replace(tmp, _state_path(unit))
         write_textfile()
-    except OSError as e:
-        # Metrics must never fail a start or a stop.
-        print(f"infer-units: metrics not written: {e}", flush=True)
+    except (OSError, ValueError) as e:
+        # Metrics must never fail a start or a stop; stderr: stdout may be --json.
+        print(f"infer-units: metrics not written: {e}", file=sys.stderr, flush=True)
 
 
 def record_reap(unit: str | None, result: Any) -> None:
@@ -83,7 +100,7 @@ def render_textfile() -> str:
         lines.append(f"# HELP infer_units_{key} {help_text}")
         lines.append(f"# TYPE infer_units_{key} {kind}")
         for unit, state in states:
-            if key in state:
+            if isinstance(state.get(key), (int, float)):
                 lines.append(f'infer_units_{key}{{unit="{unit}"}} {float(state[key]):g}')
     return "\n".join(lines) + "\n"
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import select
 import time
-from typing import Callable
+from typing import Callable, Iterable
 
 from .procinfo import ProcInfo, read_stat
 
@@ -31,6 +31,19 @@ class PidSet:
         self.fds[info.pid] = fd
         return True
 
+    def drop(self, pid: int) -> None:
+        """Stop tracking a process (it no longer uses the GPU)."""
+        self._forget(pid)
+
+    def exited(self, pid: int) -> bool:
+        """The process behind the pidfd has exited (readable pidfd)."""
+        fd = self.fds.get(pid)
+        if fd is None:
+            return True
+        poller = select.poll()
+        poller.register(fd, select.POLLIN)
+        return bool(poller.poll(0))
+
     def signal(self, pid: int, signum: int) -> bool:
         try:
             import signal as _signal
@@ -42,11 +55,13 @@ class PidSet:
     def alive(self) -> list[int]:
         return sorted(self.fds)
 
-    def wait(self, deadline: float, tick: Callable[[list[int]], None] | None = None,
+    def wait(self, deadline: float,
+             tick: Callable[[list[int]], Iterable[int] | None] | None = None,
              tick_s: float = 1.0) -> list[int]:
         """Block until every process has exited or `deadline` (monotonic) passes;
         returns the pids still alive.  `tick(alive)` runs about every `tick_s`
-        while waiting (progress); an exit still wakes the wait at once."""
+        while waiting (progress, re-checks) and may return pids to stop waiting
+        for; an exit still wakes the wait at once."""
         poller = select.poll()
         by_fd = {}
         for pid, fd in self.fds.items():
@@ -60,10 +75,18 @@ class PidSet:
                 break
             if tick is not None:
                 if now >= next_tick:
-                    tick(self.alive())
+                    for pid in tick(self.alive()) or ():
+                        fd = self.fds.get(pid)
+                        if fd is not None and fd in by_fd:
+                            poller.unregister(fd)
+                            del by_fd[fd]
+                            self._forget(pid)
                     next_tick = now + tick_s
+                    if not by_fd:
+                        break
                 remaining = min(remaining, next_tick - now)
-            for fd, _event in poller.poll(max(1, int(remaining * 1000 + 0.999))):
+            # poll() takes an int of ms: cap a very long wait at an hour per call.
+            for fd, _event in poller.poll(max(1, int(min(remaining, 3600.0) * 1000 + 0.999))):
                 poller.unregister(fd)
                 self._forget(by_fd.pop(fd))
         return self.alive()

@@ -76,8 +76,11 @@ def container_of_cgroup(cgroup: str) -> str | None:
 
 
 def read_cgroup(pid: int) -> str:
-    """The unified (v2) path, or the name=systemd one on hybrid hosts."""
-    raw = _read(f"/proc/{pid}/cgroup") or ""
+    """The unified (v2) path, or the name=systemd one on hybrid hosts; "" when
+    it cannot be read (the process is gone)."""
+    raw = _read(f"/proc/{pid}/cgroup")
+    if raw is None:
+        return ""
     v2 = systemd = ""
     for line in raw.splitlines():
         hid, _, rest = line.partition(":")
@@ -112,14 +115,27 @@ def one_line(text: str) -> str:
 
 
 def read_proc(pid: int) -> ProcInfo | None:
-    stat = read_stat(pid)
-    if stat is None:
+    """One consistent look at a process, or None when it is gone.  stat is read
+    before and after the other files: a process that exits (or whose pid is
+    reused) meanwhile would otherwise come back with an empty cgroup, i.e. as
+    "foreign", and a dying process of another service is not foreign."""
+    for _attempt in range(3):
+        stat = read_stat(pid)
+        if stat is None:
+            return None
+        comm = (_read(f"/proc/{pid}/comm") or "?").strip()
+        raw_cmd = _read(f"/proc/{pid}/cmdline") or ""
+        cgroup = read_cgroup(pid)
+        again = read_stat(pid)
+        if again is None:
+            return None
+        if again[2] == stat[2] and cgroup:
+            break
+        # A new process under the pid, or the cgroup unreadable: look again.
+    else:
         return None
-    state, ppid, start_time = stat
-    comm = (_read(f"/proc/{pid}/comm") or "?").strip()
-    raw_cmd = _read(f"/proc/{pid}/cmdline") or ""
+    state, ppid, start_time = again
     argv = [a for a in raw_cmd.split("\0") if a] if raw_cmd else []
-    cgroup = read_cgroup(pid)
     return ProcInfo(pid=pid, ppid=ppid, comm=comm,
                     exe_name=os.path.basename(argv[0]) if argv else comm,
                     cmdline=one_line(" ".join(argv)) if argv else f"[{comm}]",

@@ -8,13 +8,16 @@ pidfd is the event to wait on; the backend's process list is the confirmation.
 
 from __future__ import annotations
 
+import os
 import signal
 import sys
 import time
 from dataclasses import dataclass, field
 
 from . import exitcodes
-from .attribution import FOREIGN, IGNORED, OWN, SERVICE, Attribution, Holder, attribute
+from .attribution import (ANCESTOR, FOREIGN, IGNORED, OWN, SERVICE, Attribution, Holder,
+                          attribute)
+from .gpumemory import describe as describe_unaccounted
 from .gpus import Backend, Gpu
 from .pidwait import PidSet
 from .procinfo import read_proc, read_stat, wchan
@@ -23,6 +26,12 @@ from .progress import Progress
 # How often to re-ask the backend while it still lists a pid whose pidfd said
 # "exited" (NVML lags the exit by well under this on H200).
 CONFIRM_POLL_S = 0.002
+# Memory no visible process accounts for is re-checked at this pace (backing
+# off from CONFIRM_POLL_S): it belongs to processes we cannot wait on.
+UNACCOUNTED_POLL_MAX_S = 0.1
+# wait-free: how long memory may keep coming back after the unit's own
+# processes are gone before what is left is reported as someone else's.
+SETTLE_S = 0.3
 
 
 @dataclass
@@ -45,6 +54,9 @@ class ReapResult:
     blocked_by: list[Holder] = field(default_factory=list)
     left: list[dict[str, object]] = field(default_factory=list)
     ignored: list[Holder] = field(default_factory=list)
+    reported: list[Holder] = field(default_factory=list)     # seen, not touched, not waited on
+    unaccounted: dict[int, int] = field(default_factory=dict)  # GPU -> MiB at the end
+    unseen: int = 0
     seconds: float = 0.0
     message: str = ""
 
@@ -54,16 +66,23 @@ class ReapResult:
                 "actions": [a.as_json() for a in self.actions],
                 "blocked_by": [h.as_json() for h in self.blocked_by],
                 "ignored": [h.as_json() for h in self.ignored],
+                "reported": [h.as_json() for h in self.reported],
+                "unaccounted_mib": {str(k): v for k, v in sorted(self.unaccounted.items())},
+                "unseen": self.unseen,
                 "left": self.left}
 
 
 @dataclass
 class ReapPolicy:
-    foreign: str = "kill"          # kill | wait | fail
+    foreign: str = "kill"          # kill | wait | fail | report (wait-free: not waited on)
     term_grace: float = 10.0
     timeout: float = 60.0
     ignore: tuple[str, ...] = ()
     dry_run: bool = False
+    # Processes of other infer-units services and of the caller's own parent
+    # chain are never touched.  block: exit 2 at once (a start); spare: reap
+    # the rest, then exit 2 naming them (drain); report: name them, go on.
+    services: str = "block"
 
 
 def _log(message: str) -> None:
@@ -95,6 +114,10 @@ class Reaper:
         self.policy = policy
         self.started = time.monotonic()
         self.result = ReapResult()
+        self._reported: set[int] = set()
+        self._poll_s = CONFIRM_POLL_S
+        self._settle_until: float | None = None
+        self._last_unaccounted = -1
 
     def _attribute(self) -> Attribution:
         return attribute(self.backend, self.gpus, self.own_unit, self.policy.ignore)
@@ -112,6 +135,14 @@ class Reaper:
         if not self.policy.dry_run:
             pids.signal(i.pid, signum)
 
+    def _report(self, holders: list[Holder], label: str) -> None:
+        """One line per process, once per run."""
+        for h in holders:
+            if h.info.pid not in self._reported:
+                self._reported.add(h.info.pid)
+                self.result.reported.append(h)
+                _log(f"{label}: pid {h.info.pid} {h.why}; not touching it: {h.info.cmdline}")
+
     def run(self) -> ReapResult:
         try:
             self._run()
@@ -125,22 +156,37 @@ class Reaper:
         rounds = 0
         with PidSet() as pids:
             while True:
-                rounds += 1
                 seen = self._attribute()
                 self.result.ignored = seen.of_kind(IGNORED)
-                blockers = seen.of_kind(SERVICE)
-                if blockers:
-                    self._block(blockers, "blocked", "GPU held by another infer-units service")
+                self.result.unseen = seen.unseen
+                self.result.unaccounted = dict(seen.unaccounted)
+                if seen.unseen and os.geteuid() != 0:
+                    # Their fds are closed to us: any of them may hold the GPU.
+                    self.result.exit_code = exitcodes.CONFIG_ERROR
+                    self.result.message = (f"cannot see processes of other users "
+                                           f"({seen.unseen}): run as root")
+                    _log(self.result.message)
                     return
+                hands_off = seen.of_kind(SERVICE) + seen.of_kind(ANCESTOR)
+                if hands_off:
+                    if policy.services == "block":
+                        self._block(hands_off, "blocked", _hands_off_message(hands_off))
+                        return
+                    self._report(hands_off, "spared" if policy.services == "spare" else "not ours")
                 own, foreign = seen.of_kind(OWN), seen.of_kind(FOREIGN)
-                if foreign and policy.foreign == "fail":
+                if policy.foreign == "fail" and (foreign or seen.unaccounted):
+                    for line in describe_unaccounted(seen.unaccounted):
+                        _log(f"blocked (foreign = fail): {line}")
                     self._block(foreign, "blocked (foreign = fail)",
                                 "foreign GPU users and foreign = \"fail\"")
                     return
+                if policy.foreign == "report":
+                    self._report(foreign, "also on the GPU")
                 to_kill = own + (foreign if policy.foreign == "kill" else [])
                 to_wait = foreign if policy.foreign == "wait" else []
                 if not to_kill and not to_wait:
-                    self.result.message = "GPUs free"
+                    if self._idle(seen, deadline):
+                        continue
                     return
                 if policy.dry_run:
                     for h in to_kill:
@@ -149,12 +195,82 @@ class Reaper:
                         _log(f"would wait for pid {h.info.pid}: {h.info.cmdline} -- {h.why}")
                     self.result.message = "dry run"
                     return
+                rounds += 1
                 for h in to_kill + to_wait:
                     pids.add(h.info)
-                self._reap_round(pids, to_kill, deadline)
+                # The pidfds now pin the processes: ask the backend again, so a
+                # pid that stopped using the GPU (or was reused by an innocent
+                # process) after the first listing is not signalled.
+                self._drop_non_users(pids, to_kill + to_wait)
+                self._reap_round(pids, [h for h in to_kill if h.info.pid in pids.fds],
+                                 to_kill + to_wait, deadline)
                 if time.monotonic() >= deadline or rounds > 50:
                     self._time_out(pids)
                     return
+
+    def _idle(self, seen: Attribution, deadline: float) -> bool:
+        """No process left to reap or wait for.  True: look again (a listed pid
+        is still exiting, or memory no visible process holds may come back);
+        False: done, result set."""
+        now = time.monotonic()
+        pending = bool(seen.vanished) or bool(seen.unaccounted)
+        if pending and not self.policy.dry_run and now < deadline:
+            if self.policy.foreign == "report" and not seen.vanished:
+                # wait-free: memory still coming back is ours; memory that
+                # stays is someone else's (another namespace): report it.
+                total = sum(seen.unaccounted.values())
+                if self._settle_until is None or total < self._last_unaccounted:
+                    self._settle_until = min(deadline, now + SETTLE_S)
+                self._last_unaccounted = total
+                pending = now < self._settle_until
+            if pending:
+                time.sleep(self._poll_s)
+                self._poll_s = min(self._poll_s * 2, UNACCOUNTED_POLL_MAX_S)
+                return True
+        if seen.unaccounted:
+            lines = describe_unaccounted(seen.unaccounted)
+            if self.policy.foreign == "report":
+                for line in lines:
+                    _log(f"not ours: {line}; not waited on")
+            elif self.policy.dry_run:
+                for line in lines:
+                    _log(f"would wait: {line}")
+                self.result.message = "dry run"
+                return False
+            else:
+                self._time_out(None, seen)
+                return False
+        elif seen.vanished and not self.policy.dry_run:
+            self._time_out(None, seen)
+            return False
+        if self.policy.dry_run:
+            self.result.message = "dry run"
+        elif self.policy.services == "spare" and self.result.reported:
+            self.result.exit_code = exitcodes.BLOCKED
+            self.result.message = ("reaped the rest; left alone: " +
+                                   ", ".join(f"pid {h.info.pid} ({h.why})"
+                                             for h in self.result.reported))
+        else:
+            self.result.message = "GPUs free" + (
+                f" of this unit's processes ({len(self.result.reported)} other user(s) reported)"
+                if self.result.reported else "")
+        return False
+
+    def _drop_non_users(self, pids: PidSet, holders: list[Holder]) -> list[int]:
+        """Stop tracking (never signal) processes the backend no longer lists.
+        Run while their pidfds are open: a pid still listed whose pidfd has not
+        exited is the very process we looked at, so the listing is about it."""
+        listed = self.backend.users(self.gpus)
+        dropped = []
+        for h in holders:
+            pid = h.info.pid
+            if pid not in pids.fds or pid in listed or pids.exited(pid):
+                continue
+            _log(f"pid {pid} no longer uses GPU {','.join(map(str, sorted(h.use.gpus)))}; "
+                 f"not signalling it: {h.info.cmdline}")
+            pids.drop(pid)
+            dropped.append(pid)
+        return dropped
 
     def _block(self, holders: list[Holder], label: str, message: str) -> None:
         """Exit 2, touching nothing."""
@@ -164,7 +280,8 @@ class Reaper:
             _log(f"{label}: pid {h.info.pid} {h.why}; not touching it: {h.info.cmdline}")
         self.result.message = message
 
-    def _reap_round(self, pids: PidSet, to_kill: list[Holder], deadline: float) -> None:
+    def _reap_round(self, pids: PidSet, to_kill: list[Holder], tracked: list[Holder],
+                    deadline: float) -> None:
         """TERM, wait for grace, KILL, wait for exit, then until the backend agrees."""
         grace_end = min(deadline, time.monotonic() + self.policy.term_grace)
         for h in to_kill:
@@ -173,13 +290,17 @@ class Reaper:
         progress = Progress("waiting for GPU users to exit")
         started = time.monotonic()
 
-        def tick(alive: list[int]) -> None:
+        def tick(alive: list[int]) -> list[int]:
             progress.update(f"pid {', '.join(map(str, alive))}, "
                             f"{time.monotonic() - started:.0f}s")
+            # A process may let go of the GPU and live on: stop waiting for it.
+            return self._drop_non_users(pids, tracked)
 
         alive = set(pids.wait(grace_end, tick))
+        if alive & {h.info.pid for h in to_kill}:
+            self._drop_non_users(pids, to_kill)     # confirm again before SIGKILL
         for h in to_kill:
-            if h.info.pid in alive:
+            if h.info.pid in pids.fds:
                 self._signal(pids, h, signal.SIGKILL,
                              f"still alive {self.policy.term_grace:g}s after SIGTERM")
         pids.wait(deadline, tick)
@@ -194,16 +315,36 @@ class Reaper:
             _log(f"exited: pid {', '.join(map(str, sorted(gone)))} "
                  f"({self._now() * 1000:.0f} ms since start)")
 
-    def _time_out(self, pids: PidSet) -> None:
-        seen = self._attribute()
-        stuck = [h.info.pid for h in seen.holders if h.kind in (OWN, FOREIGN)]
-        self.result.left = describe_left(sorted(set(stuck) | set(pids.alive())))
+    def _time_out(self, pids: PidSet | None, seen: Attribution | None = None) -> None:
+        seen = seen or self._attribute()
+        self.result.unaccounted = dict(seen.unaccounted)
+        stuck = [h.info.pid for h in seen.holders if h.kind in (OWN, FOREIGN)
+                 and (self.policy.foreign != "report" or h.kind == OWN)]
+        alive = set(pids.alive()) if pids is not None else set()
+        self.result.left = describe_left(sorted(set(stuck) | alive))
+        self.result.left += [{"pid": pid, "state": "?", "wchan": "?", "unit": None,
+                              "note": "listed by the GPU backend but not in /proc",
+                              "cmdline": ""} for pid in seen.vanished]
+        if self.policy.foreign != "report":
+            self.result.left += [{"gpu": index, "unaccounted_mib": mib}
+                                 for index, mib in sorted(seen.unaccounted.items())]
         if not self.result.left:
-            self.result.message = "GPUs free"
+            self._idle(seen, 0.0)
             return
         self.result.exit_code = exitcodes.TIMED_OUT
         for item in self.result.left:
+            if "gpu" in item:
+                _log(f"timed out: unaccounted {item['unaccounted_mib']} MiB on GPU "
+                     f"{item['gpu']}: used by no visible process (another PID namespace or "
+                     "container?)")
+                continue
             _log(f"timed out: pid {item['pid']} still holds the GPU, state {item['state']}, "
                  f"wchan {item['wchan']} {item['note']}".rstrip()
                  + f" ({item['unit'] or 'no unit'}): {item['cmdline']}")
         self.result.message = "timed out with holders left"
+
+
+def _hands_off_message(holders: list[Holder]) -> str:
+    if all(h.kind == ANCESTOR for h in holders):
+        return "GPU held by this command's own parent chain"
+    return "GPU held by another infer-units service"

@@ -31,6 +31,8 @@ def _gpu_view(model: Model) -> dict[str, Any]:
         return {"available": False, "error": str(e), "gpus": [], "processes": []}
     return {
         "available": True, "backend": b.name, "exact": b.exact,
+        "unseen": seen.unseen,
+        "unaccounted_mib": {str(k): v for k, v in sorted(seen.unaccounted.items())},
         "gpus": [{"index": g.index, "uuid": g.uuid, "memory_used_mib": g.memory_used_mib,
                   "memory_total_mib": g.memory_total_mib} for g in gpus],
         "processes": [{"pid": h.info.pid, "kind": h.kind, "unit": h.info.unit,
@@ -74,10 +76,20 @@ def model_status(model: Model) -> dict[str, Any]:
 
 
 def collect(names: list[str]) -> dict[str, Any]:
+    """"unknown": names given that no model file has (the CLI exits 1)."""
     loaded = load_all(names)
+    known = {m.name for m in loaded.models} | {_file_name(str(e.path)) for e in loaded.errors}
+    unknown = sorted({n.removesuffix(".service") for n in names} - known)
     return {"schema": SCHEMA_VERSION,
             "models": [model_status(m) for m in loaded.models],
-            "errors": [str(e) for e in loaded.errors + loaded.conflicts]}
+            "errors": [str(e) for e in loaded.errors + loaded.conflicts],
+            "unknown": unknown}
+
+
+def _file_name(path: str) -> str:
+    base = path.rsplit("/", 1)[-1]
+    parent = path.rsplit("/", 2)[-2] if path.count("/") >= 2 else ""
+    return parent[:-len(".toml.d")] if parent.endswith(".toml.d") else base.removesuffix(".toml")
 
 
 def _age(seconds: float | None) -> str:
@@ -109,6 +121,11 @@ def table(report: dict[str, Any]) -> str:
             if foreign:
                 notes.append(f"{m['name']}: also on its GPUs: " +
                              ", ".join(f"pid {p['pid']} ({p['kind']})" for p in foreign))
+            for index, mib in gpu.get("unaccounted_mib", {}).items():
+                notes.append(f"{m['name']}: GPU {index}: {mib} MiB used by no visible process")
+            if gpu.get("unseen"):
+                notes.append(f"{m['name']}: cannot see processes of other users "
+                             f"({gpu['unseen']}): run as root")
         else:
             gpus, mem = "?", "-"
             notes.append(f"{m['name']}: GPUs unknown: {gpu['error']}")

@@ -1,0 +1,68 @@
+"""Command-line values, checked before use: each bad one is one line and exit 1
+(argparse in hooks.py, click in cli_gpu.py), never a traceback from deep
+inside (a port over 65535 used to reach bind(), a URL without a scheme
+urlopen(), pid -1 pidfd_open()).  Each function raises ValueError with the
+reason; callers name the option."""
+
+from __future__ import annotations
+
+import math
+import urllib.parse
+
+# A deadline beyond a year is a typo, and poll()/monotonic arithmetic must
+# stay finite: "400 digits of seconds" would be inf.
+MAX_SECONDS = 366 * 86400.0
+PID_MAX = 1 << 22       # the kernel's PID_MAX_LIMIT on 64-bit
+
+
+def _ascii_number(text: str, what: str) -> int:
+    t = text.strip()
+    # str.isdigit() accepts "١" and "²"; int() even parses the former.
+    if not (t.isascii() and t.isdigit()):
+        raise ValueError(f"{what} must be ASCII digits, got {text!r}")
+    if len(t) > 12:
+        raise ValueError(f"{what} {text!r} is out of range")
+    return int(t)
+
+
+def duration(text: str) -> float:
+    from ..generator.durations import parse_duration
+    if not text.isascii():
+        raise ValueError(f"bad time span {text!r}: ASCII digits and units only")
+    seconds = parse_duration(text)
+    if not math.isfinite(seconds) or seconds > MAX_SECONDS:
+        raise ValueError(f"bad time span {text!r}: more than a year")
+    return seconds
+
+
+def port(text: str) -> int:
+    number = _ascii_number(text, "port")
+    if not 1 <= number <= 65535:
+        raise ValueError(f"port {text!r} is not in 1-65535")
+    return number
+
+
+def pid(text: str) -> int:
+    number = _ascii_number(text, "pid")
+    if not 1 <= number <= PID_MAX:
+        raise ValueError(f"pid {text!r} is not a process id")
+    return number
+
+
+def http_url(text: str) -> str:
+    try:
+        parts = urllib.parse.urlsplit(text)
+        parts.port          # raises ValueError for a bad port
+    except ValueError as e:
+        raise ValueError(f"bad URL {text!r}: {e}") from None
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError(f"bad URL {text!r}: expected http://HOST[:PORT]/PATH")
+    if any(ord(c) < 0x21 or ord(c) == 0x7F for c in text):
+        raise ValueError(f"bad URL {text!r}: spaces or control characters")
+    return text
+
+
+def unit(text: str) -> str:
+    if not text or not text.isprintable() or "/" in text or text.strip() != text:
+        raise ValueError(f"bad unit name {text!r}")
+    return text

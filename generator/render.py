@@ -10,7 +10,7 @@ from .model import Model
 from .settings import BUILTIN_IGNORE
 from .systemd_quote import environment_assignment, exec_line, exec_word, plain_value
 
-HOOK_CLI = "/usr/bin/infer-units"   # where the .deb installs the CLI the hooks call
+from .paths import HOOK_CLI   # the installed CLI the hooks call (generator/paths.py)
 ENV_FILE_DIR = "/run/infer-units"
 # Headroom in TimeoutStartSec beyond the sum of the hooks' own timeouts.
 START_MARGIN_S = 30.0

@@ -149,7 +149,7 @@ def write_report_unit(out_dir: str, ident: str, messages: list[tuple[int, str]])
         "# this logs its messages once journald runs.",
         "[Unit]",
         f"Description={ident} messages from boot",
-        "Documentation=man:infer-units-generator(8)",
+        "Documentation=man:infer-units(1)",
         "DefaultDependencies=no",
         "After=systemd-journald.socket",
         "",

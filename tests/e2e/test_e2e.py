@@ -43,7 +43,7 @@ def test_install_generated_units_without_manual_reload(box) -> None:
     assert props["SourcePath"] == "/etc/infer-units/preinstalled.toml"
     assert box.sh("test -x /usr/lib/systemd/system-generators/infer-units-generator "
                   "&& command -v infer-units").returncode == 0
-    assert box.sh("test -f /etc/infer-units/sglang-qwen.toml.example").returncode == 0
+    assert box.sh("test -f /usr/share/doc/infer-units/examples/sglang-qwen.toml").returncode == 0
 
 
 def test_models_added_after_install_and_systemd_analyze_verify(box) -> None:

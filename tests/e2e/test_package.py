@@ -1,7 +1,7 @@
 """The package's life under real systemd, per suite, on the shared container
 (after test_e2e.py, whatever it left installed): upgrade from the first
 release, a .deb built from nothing inside the container, a bad model's error
-in the journal at daemon-reload and at boot, purge.  In file order."""
+in the journal at daemon-reload and at boot, edit and cat, purge.  In file order."""
 
 from __future__ import annotations
 
@@ -146,6 +146,20 @@ def test_a_bad_model_is_in_the_journal_at_reload_and_at_boot(box) -> None:
     # the good models are still generated
     assert show(box, "keeper.service", "LoadState")["LoadState"] == "loaded"
     box.sh("rm /etc/infer-units/bad.toml && systemctl daemon-reload")
+
+
+def test_edit_validates_reloads_and_cat_names_the_files(box) -> None:
+    override = "/etc/infer-units/keeper.toml.d/override.toml"
+    box.write("/usr/local/bin/edit-good", "#!/bin/sh\nprintf '[env]\\nFROM_EDIT = \"yes\"\\n' > \"$1\"\n", 0o755)
+    box.write("/usr/local/bin/edit-bad", "#!/bin/sh\necho 'gpus = \"x\"' > \"$1\"\n", 0o755)
+    box.sh("EDITOR=/usr/local/bin/edit-good infer-units edit keeper")
+    # reloaded by edit itself
+    assert "FROM_EDIT=yes" in show(box, "keeper.service", "Environment")["Environment"]
+    line = next(l for l in box.sh("infer-units cat keeper").stdout.splitlines() if l.startswith("FROM_EDIT"))
+    assert line.endswith(f"# {override}")
+    done = box.sh("EDITOR=/usr/local/bin/edit-bad infer-units edit keeper", check=False)
+    assert done.returncode == 1 and f"error: {override}: gpus:" in done.stderr, done.stderr
+    assert box.sh(f"cat {override}").stdout == '[env]\nFROM_EDIT = "yes"\n'
 
 
 def test_purge_leaves_no_dangling_link(box) -> None:

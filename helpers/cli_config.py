@@ -110,8 +110,14 @@ def _load(name: str, dirs: list[str]) -> Any:
         _fail(str(e))
 
 
+def _complete_names(ctx: Any, param: Any, incomplete: str) -> list[str]:
+    """Model names on the search path, for bash completion."""
+    from ..generator.loader import discover
+    return sorted(n for n in discover()[0] if n.startswith(incomplete))
+
+
 @main.command("cat")
-@click.argument("name")
+@click.argument("name", shell_complete=_complete_names)
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable: every key with its value and file.")
 def cat_command(name: str, as_json: bool) -> None:
     """The merged model NAME: every value with the file it came from."""
@@ -154,7 +160,7 @@ def _edit_dir(dirs: list[str]) -> str:
 
 
 def _editor() -> list[str]:
-    for var in ("INFER_UNITS_EDITOR", "SYSTEMD_EDITOR", "EDITOR", "VISUAL"):
+    for var in ("SYSTEMD_EDITOR", "EDITOR", "VISUAL"):     # systemctl edit's order
         if os.environ.get(var, "").strip():
             return shlex.split(os.environ[var])
     for candidate in ("editor", "nano", "vim", "vi"):
@@ -202,7 +208,7 @@ def _reload() -> None:
 
 
 @main.command("edit")
-@click.argument("name")
+@click.argument("name", shell_complete=_complete_names)
 @click.option("--no-reload", is_flag=True, help="Do not run systemctl daemon-reload afterwards.")
 def edit_command(name: str, no_reload: bool) -> None:
     """Edit NAME's drop-in NAME.toml.d/override.toml in $EDITOR; kept only if

@@ -141,3 +141,11 @@ def test_edit_unchanged_failed_or_emptied(conf: Path) -> None:
     done = run_cli("edit", "q", "--no-reload", env=env(conf, "replace", "# nothing\n"), check=0)
     assert f"removed {target}" in done.stderr and not target.exists()
     run_cli("edit", "nope", "--no-reload", env=env(conf, "keep"), check=1)
+
+
+def test_model_names_complete_in_bash(conf: Path) -> None:
+    (conf / "etc/qq.toml").write_text(MAIN)
+    for command in ("cat", "edit"):
+        done = run_cli(env=env(conf) | {"COMP_WORDS": f"infer-units {command} q", "COMP_CWORD": "2",
+                                        "_INFER_UNITS_COMPLETE": "bash_complete"})
+        assert done.stdout.split() == ["plain,q", "plain,qq"], done.stderr

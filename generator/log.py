@@ -1,9 +1,25 @@
-"""Logging the way systemd's generators do: /dev/kmsg with <N> priorities,
-stderr when kmsg is not writable or SYSTEMD_LOG_TARGET=console."""
+"""The generator's log: where its messages can reach `journalctl -b`.
+
+systemd runs generators with stdout and stderr on /dev/null (PID 1's own), so
+stderr is never enough.  Where a message goes, first that works:
+
+  1. stderr, when asked for (SYSTEMD_LOG_TARGET=console), when stderr is a
+     terminal (run by hand) or already the journal (JOURNAL_STREAM);
+  2. /dev/kmsg with a <N> priority, only if it is the kernel's character
+     device (a host; journald reads it from the start of boot).  It is never
+     created: in a container /dev is a tmpfs and a plain open(2) would make a
+     regular file that nothing reads;
+  3. the journal's native socket (a container at daemon-reload; a sandboxed
+     generator on systemd 257 reaches it too);
+  4. nothing reachable (a container at boot: no kmsg, journald not yet
+     started): stderr, and finish() writes a oneshot unit that logs the
+     messages once journald runs.
+"""
 
 from __future__ import annotations
 
 import os
+import stat
 import sys
 
 TYPE_CHECKING = False
@@ -12,6 +28,9 @@ if TYPE_CHECKING:
 
 LEVELS = {"emerg": 0, "alert": 1, "crit": 2, "err": 3, "warning": 4,
           "notice": 5, "info": 6, "debug": 7}
+KMSG = "/dev/kmsg"
+JOURNAL_SOCKET = "/run/systemd/journal/socket"
+REPORT_UNIT = "infer-units-generator-report.service"
 
 
 def _max_level() -> int:
@@ -21,35 +40,131 @@ def _max_level() -> int:
     return LEVELS.get(raw, 6)
 
 
+def open_kmsg(path: str = KMSG) -> int | None:
+    """A write fd on the kernel log, or None.  No O_CREAT: never make the file;
+    O_NONBLOCK: a FIFO put there must not hang the boot."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_NOCTTY | os.O_CLOEXEC | os.O_NONBLOCK)
+    except OSError:
+        return None
+    try:
+        if stat.S_ISCHR(os.fstat(fd).st_mode):
+            return fd
+    except OSError:
+        pass
+    os.close(fd)
+    return None
+
+
+def stderr_is_for_people(stream: TextIO | None = None) -> bool:
+    """stderr goes somewhere someone reads: a terminal, or the journal itself."""
+    stream = sys.stderr if stream is None else stream
+    try:
+        fd = stream.fileno()
+        if os.isatty(fd):
+            return True
+        journal = os.environ.get("JOURNAL_STREAM", "")
+        if journal:
+            st = os.fstat(fd)
+            return journal == f"{st.st_dev}:{st.st_ino}"
+    except (OSError, ValueError, AttributeError):
+        pass
+    return False
+
+
 class GeneratorLog:
-    def __init__(self, ident: str = "infer-units-generator") -> None:
+    def __init__(self, ident: str = "infer-units-generator", kmsg: str = KMSG,
+                 journal_socket: str = JOURNAL_SOCKET) -> None:
         self.ident = ident
         self.max_level = _max_level()
         self.errors = 0
-        self._kmsg: TextIO | None = None
+        self.journal_socket = journal_socket
+        self.undelivered: list[tuple[int, str]] = []   # for the report unit
+        self._kmsg: int | None = None
+        self._sock = None
         target = os.environ.get("SYSTEMD_LOG_TARGET", "auto").strip().lower()
-        if target not in ("console", "console-prefixed"):
-            try:
-                self._kmsg = open("/dev/kmsg", "w", encoding="utf-8")
-            except OSError:
-                self._kmsg = None
+        # "stderr", "kmsg", "journal" or "auto" (kmsg, else journal, else report)
+        if target in ("console", "console-prefixed") or stderr_is_for_people():
+            self.sink = "stderr"
+        else:
+            self._kmsg = open_kmsg(kmsg) if target != "journal" else None
+            self.sink = "kmsg" if self._kmsg is not None else "journal"
 
     def log(self, level: int, message: str) -> None:
         if level <= LEVELS["err"]:
             self.errors += 1
         if level > self.max_level:
             return
-        if self._kmsg is not None:
+        message = message.replace("\n", " ")
+        if self.sink == "kmsg" and self._kmsg is not None:
             try:
-                self._kmsg.write(f"<{level}>{self.ident}[{os.getpid()}]: {message}\n")
-                self._kmsg.flush()
+                os.write(self._kmsg, f"<{level}>{self.ident}[{os.getpid()}]: {message}\n"
+                         .encode("utf-8", "replace"))
                 return
             except OSError:
-                self._kmsg = None
+                pass
+        if self.sink in ("kmsg", "journal") and self._to_journal(level, message):
+            return
+        if self.sink != "stderr":
+            self.undelivered.append((level, message))
         print(f"{self.ident}: {message}", file=sys.stderr)
+
+    def _to_journal(self, level: int, message: str) -> bool:
+        """One datagram in journald's native protocol (fields, one a line)."""
+        payload = (f"MESSAGE={message}\nPRIORITY={level}\nSYSLOG_IDENTIFIER={self.ident}\n"
+                   f"SYSLOG_PID={os.getpid()}\n").encode("utf-8", "replace")
+        try:
+            if self._sock is None:
+                import _socket   # the C module: socket.py would import enum, selectors
+                self._sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_DGRAM)
+            self._sock.sendto(payload, self.journal_socket)
+            return True
+        except OSError:
+            return False
 
     def error(self, message: str) -> None:
         self.log(LEVELS["err"], message)
 
     def debug(self, message: str) -> None:
         self.log(LEVELS["debug"], message)
+
+    def finish(self, out_dir: str) -> None:
+        """What reached no log becomes a unit that logs it once journald runs."""
+        if self._kmsg is not None:
+            os.close(self._kmsg)
+            self._kmsg = None
+        if not self.undelivered:
+            return
+        try:
+            write_report_unit(out_dir, self.ident, self.undelivered)
+        except OSError as e:
+            print(f"{self.ident}: cannot write {REPORT_UNIT}: {e.strerror}", file=sys.stderr)
+
+
+def write_report_unit(out_dir: str, ident: str, messages: list[tuple[int, str]]) -> None:
+    from .systemd_quote import exec_line
+    lines = [
+        f"# Automatically generated by {ident}",
+        "# It could reach neither /dev/kmsg nor the journal (a container at boot);",
+        "# this logs its messages once journald runs.",
+        "[Unit]",
+        f"Description={ident} messages from boot",
+        "Documentation=man:infer-units(1)",
+        "DefaultDependencies=no",
+        "After=systemd-journald.socket",
+        "",
+        "[Service]",
+        "Type=oneshot",
+        f"SyslogIdentifier={ident}",
+        "StandardOutput=journal",
+        # journald takes a leading <N> as the line's priority (SyslogLevelPrefix=).
+        *(f"ExecStart={exec_line(['/bin/echo', f'<{level}>{message}'])}" for level, message in messages),
+    ]
+    with open(os.path.join(out_dir, REPORT_UNIT), "w", encoding="utf-8") as f:
+        f.write("\n".join(lines) + "\n")
+    wants = os.path.join(out_dir, "sysinit.target.wants")
+    os.makedirs(wants, exist_ok=True)
+    link = os.path.join(wants, REPORT_UNIT)
+    if os.path.lexists(link):
+        os.unlink(link)
+    os.symlink(os.path.join("..", REPORT_UNIT), link)

@@ -75,10 +75,14 @@ def write_unit(out_dir: str, unit: RenderedUnit) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    log = GeneratorLog()
+    if argv and argv[0] in ("-h", "--help"):
+        print(__doc__.strip())
+        return 0
     if len(argv) not in (1, 3):
-        log.error("usage: infer-units-generator normal-dir [early-dir late-dir]")
+        # Only a person gets this wrong (systemd passes three): tell the terminal.
+        print("usage: infer-units-generator normal-dir [early-dir late-dir]", file=sys.stderr)
         return 1
+    log = GeneratorLog()
     out_dir = argv[0]
     try:
         loaded = load_all()
@@ -102,6 +106,7 @@ def main(argv: list[str] | None = None) -> int:
             reason = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
             log.error(str(ConfigError(model.main_path, None,
                                       f"cannot write {model.unit_name}: {reason}")))
+    log.finish(out_dir)
     return 0
 
 

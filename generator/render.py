@@ -13,7 +13,7 @@ from .settings import BUILTIN_IGNORE
 from .systemd_quote import (comment_text, environment_assignment, exec_line, exec_word,
                             path_value, plain_value)
 
-HOOK_CLI = "/usr/bin/infer-units"   # where the .deb installs the CLI the hooks call
+from .paths import HOOK_CLI   # the installed CLI the hooks call (generator/paths.py)
 ENV_FILE_DIR = "/run/infer-units"
 # Headroom in TimeoutStartSec beyond the sum of the hooks' own timeouts.
 START_MARGIN_S = 30.0

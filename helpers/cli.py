@@ -112,3 +112,4 @@ def check(names: tuple[str, ...]) -> None:
 
 from . import cli_gpu  # noqa: E402,F401  (registers the GPU commands on `main`)
 
+from . import cli_config  # noqa: E402,F401  (registers cat and edit on `main`)

@@ -1,5 +1,7 @@
-"""Session fixtures for the end-to-end tests: the .deb built by
-packaging/build-deb, and one booted bookworm container with it installed."""
+"""Session fixtures for the end-to-end tests: the .deb built on this machine by
+packaging/build-deb, and one booted container per Debian suite with it
+installed (INFER_UNITS_E2E_SUITES="bookworm trixie", the default: both; the
+same .deb on every suite)."""
 
 from __future__ import annotations
 
@@ -9,15 +11,13 @@ from pathlib import Path
 
 import pytest
 
-from container import Container, available
+from container import Container, available, suites
 from e2e_support import FAKE_GPU_COUNT, FAKE_TABLE, fake_gpu_table, install_fakes, model_toml
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    # Tests marked `last` (removing the package) run after every other e2e file.
-    items.sort(key=lambda item: item.get_closest_marker("last") is not None)
     reason = available()
     for item in items:
         if "e2e" in str(item.fspath):
@@ -36,9 +36,9 @@ def deb() -> Path:
     return path
 
 
-@pytest.fixture(scope="session")
-def box(deb: Path):
-    c = Container()
+@pytest.fixture(scope="session", params=suites())
+def box(request: pytest.FixtureRequest, deb: Path):
+    c = Container(request.param)
     try:
         c.boot()
         install_fakes(c, ROOT)

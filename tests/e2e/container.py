@@ -1,10 +1,12 @@
-"""A Debian bookworm system booted with real systemd in systemd-nspawn.
+"""A Debian system (bookworm, trixie, ...) booted with real systemd in systemd-nspawn.
 
-The base root (debootstrap minbase + systemd, dbus, python3) is built once and
-kept as a tarball in $INFER_UNITS_E2E_CACHE (default /var/cache/infer-units-e2e);
-each session unpacks a fresh copy, boots it, and installs the .deb with apt
-(its dependencies come from Debian, and apt's downloaded archives are kept in
-the cache so later runs on the same machine do not fetch them again).
+The base root of each suite (debootstrap minbase + systemd, dbus, python3) is
+built once and kept as a tarball in $INFER_UNITS_E2E_CACHE (default
+/var/cache/infer-units-e2e); each session unpacks a fresh copy, boots it, and
+installs the .deb with apt (its dependencies come from Debian, and apt's
+downloaded archives are kept in the cache, per suite, so later runs on the same
+machine do not fetch them again).  debootstrap's own default mirror is used: the
+repository names no package host.
 """
 
 from __future__ import annotations
@@ -17,10 +19,10 @@ import time
 from pathlib import Path
 
 CACHE = Path(os.environ.get("INFER_UNITS_E2E_CACHE", "/var/cache/infer-units-e2e"))
-BASE_TAR = CACHE / "bookworm-base.tar"
-APT_ARCHIVES = CACHE / "apt-archives"
 BASE_PACKAGES = "systemd,systemd-sysv,dbus,python3,ca-certificates"
-MIRROR = os.environ.get("INFER_UNITS_E2E_MIRROR", "http://deb.debian.org/debian")
+# An optional local mirror (e.g. an apt cache proxy); unset: debootstrap's default.
+MIRROR = os.environ.get("INFER_UNITS_E2E_MIRROR", "")
+DEFAULT_SUITES = ("bookworm", "trixie")
 SYSTEM_PATH = "/usr/sbin:/usr/bin:/sbin:/bin"
 
 
@@ -41,15 +43,33 @@ def available() -> str | None:
     return None
 
 
-def ensure_base() -> Path:
-    if BASE_TAR.exists():
-        return BASE_TAR
+def suites() -> list[str]:
+    """The suites to boot: $INFER_UNITS_E2E_SUITES (space separated), default all."""
+    raw = os.environ.get("INFER_UNITS_E2E_SUITES", "").split()
+    return raw or list(DEFAULT_SUITES)
+
+
+def base_tar(suite: str) -> Path:
+    return CACHE / f"{suite}-base.tar"
+
+
+def apt_archives(suite: str) -> Path:
+    # bookworm's cache predates suites and keeps its old name.
+    return CACHE / ("apt-archives" if suite == "bookworm" else f"apt-archives-{suite}")
+
+
+def ensure_base(suite: str = "bookworm") -> Path:
+    tar = base_tar(suite)
+    if tar.exists():
+        return tar
     CACHE.mkdir(parents=True, exist_ok=True)
-    work = Path(tempfile.mkdtemp(prefix="base-", dir=CACHE))
+    work = Path(tempfile.mkdtemp(prefix=f"base-{suite}-", dir=CACHE))
     try:
         root = work / "root"
-        done = _run(["debootstrap", "--variant=minbase", f"--include={BASE_PACKAGES}",
-                     "bookworm", str(root), MIRROR], timeout=1200)
+        argv = ["debootstrap", "--variant=minbase", f"--include={BASE_PACKAGES}", suite, str(root)]
+        if MIRROR:
+            argv.append(MIRROR)
+        done = _run(argv, timeout=1200)
         if done.returncode != 0:
             raise RuntimeError(f"debootstrap failed:\n{done.stdout[-3000:]}{done.stderr[-3000:]}")
         (root / "etc/hostname").write_text("iu-e2e\n")
@@ -62,15 +82,16 @@ def ensure_base() -> Path:
         done = _run(["tar", "-C", str(root), "-cf", str(tmp), "."], timeout=600)
         if done.returncode != 0:
             raise RuntimeError(f"tar failed: {done.stderr}")
-        os.replace(tmp, BASE_TAR)
+        os.replace(tmp, tar)
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    return BASE_TAR
+    return tar
 
 
 class Container:
-    def __init__(self) -> None:
-        self.dir = Path(tempfile.mkdtemp(prefix="iu-e2e-"))
+    def __init__(self, suite: str = "bookworm") -> None:
+        self.suite = suite
+        self.dir = Path(tempfile.mkdtemp(prefix=f"iu-e2e-{suite}-"))
         self.root = self.dir / "root"
         self.proc: subprocess.Popen[bytes] | None = None
         self.leader = 0
@@ -78,13 +99,23 @@ class Container:
     # ------------------------------------------------------------- lifecycle
     def boot(self) -> None:
         self.root.mkdir()
-        done = _run(["tar", "-C", str(self.root), "-xf", str(ensure_base())], timeout=600)
+        done = _run(["tar", "-C", str(self.root), "-xf", str(ensure_base(self.suite))], timeout=600)
         assert done.returncode == 0, done.stderr
-        APT_ARCHIVES.mkdir(parents=True, exist_ok=True)
-        log = open(self.dir / "console.log", "wb")
+        self._start()
+
+    def reboot(self) -> None:
+        """Power off and boot the same root again (a new boot: generators run
+        before journald, /run starts empty)."""
+        self._stop()
+        self._start()
+
+    def _start(self) -> None:
+        archives = apt_archives(self.suite)
+        archives.mkdir(parents=True, exist_ok=True)
+        log = open(self.dir / "console.log", "ab")
         self.proc = subprocess.Popen(
             ["systemd-nspawn", "-D", str(self.root), "--register=no", "--keep-unit",
-             "--quiet", f"--bind={APT_ARCHIVES}:/var/cache/apt/archives", "-b"],
+             "--quiet", f"--bind={archives}:/var/cache/apt/archives", "-b"],
             stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
             env=dict(os.environ, PATH=SYSTEM_PATH, SYSTEMD_NSPAWN_TMPFS_TMP="0"))
         deadline = time.monotonic() + 120
@@ -115,7 +146,7 @@ class Container:
                 continue
         return 0
 
-    def shutdown(self) -> None:
+    def _stop(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
             self.proc.terminate()     # nspawn asks the container's systemd to power off
             try:
@@ -123,6 +154,10 @@ class Container:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
+        self.leader = 0
+
+    def shutdown(self) -> None:
+        self._stop()
         shutil.rmtree(self.dir, ignore_errors=True)
 
     # ------------------------------------------------------------- inside

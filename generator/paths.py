@@ -1,0 +1,37 @@
+"""Where the `infer-units` CLI that generated units call is installed.
+
+The .deb puts it in /usr/bin; pip puts it next to the interpreter's scripts
+(a venv's bin/, /usr/local/bin, ~/.local/bin).  The generator and the CLI are
+installed together, so when the running program is one of ours (the generator
+or `infer-units render`) the CLI is found next to it (symlinks followed: a
+generator linked into /etc/systemd/system-generators/ from a venv) or next to
+its interpreter.  Anything else (tests, `python3 -m`) renders the .deb's path,
+so generated units do not depend on who imported this module.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+DEB_CLI = "/usr/bin/infer-units"
+CLI_NAME = "infer-units"
+
+
+def installed_cli(argv0: str | None = None, executable: str | None = None) -> str:
+    argv0 = sys.argv[0] if argv0 is None else argv0
+    executable = sys.executable if executable is None else executable
+    if not os.path.basename(argv0).startswith(CLI_NAME):
+        return DEB_CLI
+    candidates = [os.path.dirname(os.path.realpath(argv0)), os.path.dirname(os.path.abspath(argv0))]
+    if executable:
+        # not realpath: a venv's bin/python is a link to /usr/bin/python3
+        candidates.append(os.path.dirname(os.path.abspath(executable)))
+    for directory in candidates:
+        path = os.path.join(directory, CLI_NAME)
+        if os.path.isfile(path) and os.access(path, os.X_OK):
+            return path
+    return DEB_CLI
+
+
+HOOK_CLI = installed_cli()

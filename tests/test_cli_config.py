@@ -1,0 +1,151 @@
+"""`infer-units cat` and `infer-units edit` on real files, with the real CLI
+and an editor that is a script (as $EDITOR is for systemctl edit)."""
+
+from __future__ import annotations
+
+import json
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from support import PYTHON, base_env, run_cli
+
+MAIN = '''engine = "sglang"
+model = "/models/q"
+gpus = [0, 1]
+port = 8000
+args = ["--mem-fraction-static", "0.88"]
+
+[reap]
+term-grace = "10s"
+timeout = "60s"
+
+[env]
+QUOTED = "it's \\"q\\" $HOME 100%"
+'''
+DROPIN = 'args = ["--context-length", "65536"]\n\n[reap]\ntimeout = "2min"\n'
+DEFAULTS = '[nccl]\nsocket-ifname = "eth0"\n\n[env]\nHF_HUB_OFFLINE = "1"\n'
+
+# The editor: EDIT_MODE=prepend puts $EDIT_TEXT above what it was given (the
+# drop-in part), replace writes only $EDIT_TEXT, keep changes nothing, fail exits 3.
+EDITOR = '''import os, sys
+path = sys.argv[1]
+text = open(path).read()
+with open(os.environ["EDIT_SEEN"], "w") as f:
+    f.write(text)
+mode = os.environ["EDIT_MODE"]
+if mode == "fail":
+    sys.exit(3)
+if mode == "prepend":
+    text = os.environ["EDIT_TEXT"] + text
+elif mode == "replace":
+    text = os.environ["EDIT_TEXT"]
+open(path, "w").write(text)
+'''
+
+
+@pytest.fixture
+def conf(tmp_path: Path) -> Path:
+    etc = tmp_path / "etc"
+    (etc / "q.toml.d").mkdir(parents=True)
+    (etc / "defaults.toml.d").mkdir()
+    (etc / "q.toml").write_text(MAIN)
+    (etc / "q.toml.d/50-ctx.toml").write_text(DROPIN)
+    (etc / "defaults.toml.d/10-host.toml").write_text(DEFAULTS)
+    (tmp_path / "lib").mkdir()
+    (tmp_path / "editor.py").write_text(EDITOR)
+    return tmp_path
+
+
+def env(conf: Path, mode: str = "keep", text: str = "") -> dict[str, str]:
+    return base_env(INFER_UNITS_CONFIG_PATH=f"{conf}/etc:{conf}/lib",
+                    EDITOR=f"{PYTHON} {conf}/editor.py", EDIT_MODE=mode, EDIT_TEXT=text,
+                    EDIT_SEEN=str(conf / "seen.txt"))
+
+
+def test_cat_is_the_merged_model_with_each_value_s_file(conf: Path) -> None:
+    done = run_cli("cat", "q", env=env(conf), check=0)
+    etc = conf / "etc"
+    assert tomllib.loads(done.stdout) == {
+        "engine": "sglang", "model": "/models/q", "gpus": [0, 1], "port": 8000,
+        "args": ["--context-length", "65536"],
+        "reap": {"term-grace": "10s", "timeout": "2min"},
+        "env": {"HF_HUB_OFFLINE": "1", "QUOTED": "it's \"q\" $HOME 100%"},
+        "nccl": {"socket-ifname": "eth0"}}
+    lines = {line.split("=")[0].strip(): line.rsplit("# ", 1)[1]
+             for line in done.stdout.splitlines() if "=" in line and not line.startswith("#")}
+    assert lines["engine"] == f"{etc}/q.toml"
+    assert lines["args"] == f"{etc}/q.toml.d/50-ctx.toml"
+    assert lines["term-grace"] == f"{etc}/q.toml"
+    assert lines["timeout"] == f"{etc}/q.toml.d/50-ctx.toml"
+    assert lines["socket-ifname"] == lines["HF_HUB_OFFLINE"] == f"{etc}/defaults.toml.d/10-host.toml"
+    assert done.stdout.splitlines()[0] == (f"# q: {etc}/defaults.toml.d/10-host.toml, {etc}/q.toml, "
+                                           f"{etc}/q.toml.d/50-ctx.toml")
+
+
+def test_cat_json_and_errors(conf: Path) -> None:
+    keys = json.loads(run_cli("cat", "q.service", "--json", env=env(conf), check=0).stdout)["keys"]
+    assert keys["reap.timeout"] == {"value": "2min", "file": f"{conf}/etc/q.toml.d/50-ctx.toml"}
+    missing = run_cli("cat", "nope", env=env(conf), check=1)
+    assert missing.stderr.startswith("infer-units: no model file named nope.toml") and missing.stdout == ""
+    (conf / "etc/q.toml.d/60-bad.toml").write_text("port = 99999\n")
+    bad = run_cli("cat", "q", env=env(conf), check=1)
+    assert "port = 99999" in bad.stdout     # shown, then refused
+    assert bad.stderr.strip().splitlines()[-1].startswith(f"infer-units: error: {conf}/etc/q.toml.d/60-bad.toml: port:")
+    assert "Traceback" not in bad.stderr
+
+
+def test_edit_keeps_a_valid_override_and_cat_shows_it(conf: Path) -> None:
+    done = run_cli("edit", "q", "--no-reload", env=env(conf, "prepend", '[reap]\ntimeout = "5min"\n'), check=0)
+    target = conf / "etc/q.toml.d/override.toml"
+    assert target.read_text().startswith('[reap]\ntimeout = "5min"\n')
+    assert "### Lines from here on are ignored" not in target.read_text()
+    assert f"wrote {target}" in done.stderr
+    seen = (conf / "seen.txt").read_text()
+    # below the marker, the model as it was, commented out, each value with its file
+    reference = seen.split("### Lines from here on are ignored", 1)[1].splitlines()[1:]
+    assert reference[0] == (f"# q: {conf}/etc/defaults.toml.d/10-host.toml, {conf}/etc/q.toml, "
+                            f"{conf}/etc/q.toml.d/50-ctx.toml")
+    assert any(line.startswith('# timeout = "2min"') and line.endswith(f"# {conf}/etc/q.toml.d/50-ctx.toml")
+               for line in reference), reference
+    keys = json.loads(run_cli("cat", "q", "--json", env=env(conf), check=0).stdout)["keys"]
+    assert keys["reap.timeout"] == {"value": "5min", "file": str(target)}
+    # editing again starts from the file as it is
+    run_cli("edit", "q", "--no-reload", env=env(conf, "keep"), check=0)
+    assert (conf / "seen.txt").read_text().startswith('[reap]\ntimeout = "5min"\n')
+
+
+def test_edit_refuses_an_invalid_model_and_keeps_nothing(conf: Path) -> None:
+    target = conf / "etc/q.toml.d/override.toml"
+    for text, error in (('gpus = "zero"\n', "gpus:"), ("[reap]\ntimeuot = \"1s\"\n", "reap.timeuot: unknown key"),
+                        ("port = \n", "invalid TOML")):
+        done = run_cli("edit", "q", "--no-reload", env=env(conf, "prepend", text), check=1)
+        assert f"error: {target}" in done.stderr and error in done.stderr, done.stderr
+        assert "not written" in done.stderr and "Traceback" not in done.stderr
+        assert not target.exists()
+    # an existing override is left as it was
+    target.write_text('[env]\nA = "1"\n')
+    run_cli("edit", "q", "--no-reload", env=env(conf, "replace", "port = 0\n"), check=1)
+    assert target.read_text() == '[env]\nA = "1"\n'
+    assert sorted(p.name for p in target.parent.iterdir()) == ["50-ctx.toml", "override.toml"]
+
+
+def test_edit_unchanged_failed_or_emptied(conf: Path) -> None:
+    target = conf / "etc/q.toml.d/override.toml"
+    done = run_cli("edit", "q", "--no-reload", env=env(conf, "keep"), check=0)
+    assert "unchanged" in done.stderr and not target.exists()
+    done = run_cli("edit", "q", "--no-reload", env=env(conf, "fail"), check=1)
+    assert "editor exited with status 3" in done.stderr and not target.exists()
+    target.write_text('[env]\nA = "1"\n')
+    done = run_cli("edit", "q", "--no-reload", env=env(conf, "replace", "# nothing\n"), check=0)
+    assert f"removed {target}" in done.stderr and not target.exists()
+    run_cli("edit", "nope", "--no-reload", env=env(conf, "keep"), check=1)
+
+
+def test_model_names_complete_in_bash(conf: Path) -> None:
+    (conf / "etc/qq.toml").write_text(MAIN)
+    for command in ("cat", "edit"):
+        done = run_cli(env=env(conf) | {"COMP_WORDS": f"infer-units {command} q", "COMP_CWORD": "2",
+                                        "_INFER_UNITS_COMPLETE": "bash_complete"})
+        assert done.stdout.split() == ["plain,q", "plain,qq"], done.stderr

@@ -171,7 +171,7 @@ def _exec_start_pre(m: Model) -> list[str]:
         assert m.nodes is not None
         # Parked here, holding no GPU, until the head's rendezvous listens:
         # hosts may start in any order.
-        argv += ["--wait-rendezvous", m.nodes.addr]
+        argv += ["--wait-rendezvous", m.nodes.addr, "--head-url", m.nodes.head_url]
     if pci or p2p:
         argv += ["--env-file", f"{ENV_FILE_DIR}/{m.name}.env"]
     if pci:

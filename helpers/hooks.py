@@ -104,7 +104,10 @@ def pre_start(argv: list[str]) -> int:
                    help="server argv that P2P off needs beyond NCCL_P2P_DISABLE=1 "
                         "(e.g. --disable-custom-all-reduce), written to the env file")
     p.add_argument("--wait-rendezvous", metavar="HOST:PORT",
-                   help="multi-node worker: then wait (unbounded) until the head listens there")
+                   help="multi-node worker: then wait (unbounded) until the head forms a "
+                        "group there")
+    p.add_argument("--head-url", help="multi-node worker: the head's health URL (its HTTP "
+                                      "port refuses while the head forms a group)")
     p.add_argument("--p2p-off-env", action="append", default=[], metavar="NAME=VALUE",
                    help="environment that P2P off needs beyond NCCL_P2P_DISABLE=1 "
                         "(e.g. VLLM_ALLREDUCE_USE_FLASHINFER=0), written to the env file")
@@ -180,7 +183,7 @@ def _start_checks(a: argparse.Namespace, unit: str, claims) -> int:  # type: ign
             return exitcodes.CONFIG_ERROR
     if a.wait_rendezvous:
         from .rendezvous import wait_rendezvous
-        wait_rendezvous(a.wait_rendezvous, _say)
+        wait_rendezvous(a.wait_rendezvous, a.head_url, _say)
     return exitcodes.CLEAN
 
 

@@ -1,18 +1,24 @@
-"""A worker of a multi-node model waits for its head's rendezvous port.
+"""A worker of a multi-node model waits, before its engine starts, until the
+head forms a new group.
 
-Hosts may boot in any order: a worker that started its engine before the
-head listens would fail (or time out inside torch.distributed) into a restart
-loop, reloading weights each time.  Parked in its start checks instead, it
-holds no GPU and costs one TCP connect every few seconds.
+Hosts may boot in any order, and no engine lets a rank join a group that is
+already running: a worker started too early fails (or times out inside
+torch.distributed) into a restart loop.  So the worker parks in its start
+checks, holding no GPU, until the head is *forming* a group: its rendezvous
+port listens while its HTTP port still refuses connections (SGLang and vLLM
+serve HTTP only once every rank joined).  A head whose HTTP port accepts is
+serving a group formed without this rank, healthy or hung on the rank that
+left: the worker waits for that head to restart (its liveness check does it).
 """
 
 from __future__ import annotations
 
 import socket
 import time
+import urllib.parse
 from typing import Callable
 
-POLL_S = 2.0          # between connects while the head is away
+POLL_S = 1.0           # between looks while the head is away
 REPORT_EVERY_S = 60.0  # one journal line a minute while parked
 
 
@@ -21,27 +27,45 @@ def split_addr(addr: str) -> tuple[str, int]:
     return host.strip("[]"), int(port)
 
 
-def head_listens(host: str, port: int, timeout: float = 2.0) -> bool:
+def _connect(host: str, port: int, timeout: float = 2.0) -> str:
+    """"open", "refused", or "unreachable" (no answer, no route, no name)."""
     try:
         with socket.create_connection((host, port), timeout=timeout):
-            return True
+            return "open"
+    except ConnectionRefusedError:
+        return "refused"
     except OSError:
-        return False
+        return "unreachable"
 
 
-def wait_rendezvous(addr: str, say: Callable[[str], None], timeout: float | None = None,
-                    poll_s: float = POLL_S) -> bool:
-    """True once `addr` accepts a TCP connection; False after `timeout` (None: never)."""
-    host, port = split_addr(addr)
+def head_state(addr: str, head_url: str | None) -> str:
+    """"forming" when this worker can join now; otherwise why not."""
+    if _connect(*split_addr(addr)) != "open":
+        return "rendezvous closed"
+    if head_url is None:
+        return "forming"
+    url = urllib.parse.urlsplit(head_url)
+    port = url.port or (443 if url.scheme == "https" else 80)
+    http = _connect(url.hostname or "", port)
+    if http == "refused":
+        return "forming"
+    return "serving a group formed without this rank" if http == "open" else f"HTTP {http}"
+
+
+def wait_rendezvous(addr: str, head_url: str | None, say: Callable[[str], None],
+                    timeout: float | None = None, poll_s: float = POLL_S) -> bool:
+    """True once the head forms a group; False after `timeout` (None: never)."""
     started = time.monotonic()
     next_report = started
-    while not head_listens(host, port):
+    while (state := head_state(addr, head_url)) != "forming":
         now = time.monotonic()
         if timeout is not None and now - started >= timeout:
+            say(f"head at {addr} not forming a group after {timeout:g}s ({state})")
             return False
         if now >= next_report:
-            say(f"waiting for the head's rendezvous at {addr} ({now - started:.0f}s)")
+            say(f"parked until the head forms a group: {addr}: {state} "
+                f"({now - started:.0f}s)")
             next_report = now + REPORT_EVERY_S
         time.sleep(poll_s)
-    say(f"head's rendezvous at {addr} listens (after {time.monotonic() - started:.1f}s)")
+    say(f"head at {addr} is forming a group (after {time.monotonic() - started:.1f}s)")
     return True

@@ -89,8 +89,9 @@ def ensure_base(suite: str = "bookworm") -> Path:
 
 
 class Container:
-    def __init__(self, suite: str = "bookworm") -> None:
+    def __init__(self, suite: str = "bookworm", nspawn_args: tuple[str, ...] = ()) -> None:
         self.suite = suite
+        self.nspawn_args = list(nspawn_args)     # e.g. a network namespace, a host name
         self.dir = Path(tempfile.mkdtemp(prefix=f"iu-e2e-{suite}-"))
         self.root = self.dir / "root"
         self.proc: subprocess.Popen[bytes] | None = None
@@ -101,6 +102,11 @@ class Container:
         self.root.mkdir()
         done = _run(["tar", "-C", str(self.root), "-xf", str(ensure_base(self.suite))], timeout=600)
         assert done.returncode == 0, done.stderr
+        self._start()
+
+    def boot_root(self, root: Path) -> None:
+        """Boot a root prepared elsewhere (a copy of another container's)."""
+        self.root = root
         self._start()
 
     def reboot(self) -> None:
@@ -115,7 +121,7 @@ class Container:
         log = open(self.dir / "console.log", "ab")
         self.proc = subprocess.Popen(
             ["systemd-nspawn", "-D", str(self.root), "--register=no", "--keep-unit",
-             "--quiet", f"--bind={archives}:/var/cache/apt/archives", "-b"],
+             "--quiet", f"--bind={archives}:/var/cache/apt/archives", *self.nspawn_args, "-b"],
             stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
             env=dict(os.environ, PATH=SYSTEM_PATH, SYSTEMD_NSPAWN_TMPFS_TMP="0"))
         deadline = time.monotonic() + 120

@@ -169,7 +169,9 @@ class Group:
 
     def form(self, stop: threading.Event) -> bool:
         if self.rank == 0:
-            server = socket.socket()
+            # Like a TCPStore it listens as long as the group lives: a rank
+            # that comes late connects, but is never let into the group.
+            self.server = server = socket.socket()
             server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             server.bind(("0.0.0.0", self.port))
             server.listen()
@@ -194,6 +196,8 @@ class Group:
                     say(self.engine, f"rank {line.split()[1]} joined ({len(joined) + 1}/{self.nnodes})")
                 else:
                     conn.close()
+            for conn in self.peers:
+                conn.sendall(b"welcome\n")
         else:
             deadline = time.monotonic() + env_float("FAKE_JOIN_TIMEOUT_S", 30.0)
             while True:
@@ -207,8 +211,17 @@ class Group:
                         raise SystemExit(1)
                     if stop.wait(0.5):
                         return False
-            conn.settimeout(None)
             conn.sendall(f"rank {self.rank}\n".encode())
+            conn.settimeout(env_float("FAKE_JOIN_TIMEOUT_S", 30.0))
+            try:
+                welcome = conn.makefile().readline()
+            except OSError:
+                welcome = ""
+            if welcome != "welcome\n":
+                say(self.engine, "DistStoreError: timed out waiting for the group to form "
+                    "(a running group takes no new rank)")
+                raise SystemExit(1)
+            conn.settimeout(None)
             self.peers.append(conn)
         for conn in self.peers:
             threading.Thread(target=self._watch, args=(conn,), daemon=True).start()

@@ -72,7 +72,27 @@ def model_status(model: Model) -> dict[str, Any]:
     else:
         entry["health"] = None
     entry["metrics"] = load_state(model.unit_name)
+    if model.nodes is not None:
+        entry["nodes"] = _nodes_view(model, entry)
     return entry
+
+
+def _nodes_view(model: Model, entry: dict[str, Any]) -> dict[str, Any]:
+    """A multi-node model: this host's rank, the head, and the group as this
+    host sees it (health is the head's: it answers only for a whole group)."""
+    nodes = model.nodes
+    assert nodes is not None
+    sd = entry["systemd"]
+    if entry["health"] and entry["health"]["ok"]:
+        group = "healthy"
+    elif sd.get("available") and sd.get("sub_state") == "start-pre" and not nodes.is_head:
+        group = "parked"        # waiting for the head to form a group
+    elif sd.get("available") and sd.get("active_state") == "activating":
+        group = "forming"
+    else:
+        group = "down"
+    return {"rank": nodes.rank, "hosts": list(nodes.hosts), "head": nodes.hosts[0],
+            "group": group}
 
 
 def collect(names: list[str]) -> dict[str, Any]:
@@ -112,6 +132,10 @@ def table(report: dict[str, Any]) -> str:
         else:
             state, pid, restarts = "systemd unavailable", "-", "-"
             notes.append(f"{m['name']}: {sd['error']}")
+        if m.get("nodes"):
+            n = m["nodes"]
+            notes.append(f"{m['name']}: rank {n['rank']} of {len(n['hosts'])}, head {n['head']}, "
+                         f"group {n['group']}")
         gpu = m["gpu"]
         if gpu["available"]:
             gpus = ",".join(str(g["index"]) for g in gpu["gpus"]) or "-"

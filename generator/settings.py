@@ -211,6 +211,18 @@ def check_str_list(value: Any) -> list[str]:
     return list(value)
 
 
+def check_process_names(value: Any) -> list[str]:
+    """Names handed to the hooks as `--ignore NAME`: a name that looks like a
+    flag would make the hook fail at every start."""
+    value = check_str_list(value)
+    for i, name in enumerate(value):
+        try:
+            check_operand(name)
+        except ValueError as e:
+            raise ValueError(f"item {i}: {e}") from None
+    return value
+
+
 def check_argv(value: Any) -> list[str]:
     value = check_str_list(value)
     if not value:
@@ -385,7 +397,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("reap.term-grace", check_duration, 10.0, "Time between SIGTERM and SIGKILL."),
     Setting("reap.timeout", check_duration, 60.0,
             "How long to wait for GPUs (and the port) to become free."),
-    Setting("reap.ignore", check_str_list, [],
+    Setting("reap.ignore", check_process_names, [],
             "Process names never touched, added to: " + ", ".join(BUILTIN_IGNORE) + "."),
     Setting("ready.url", check_url, None, "Health URL; default: the engine's."),
     Setting("ready.timeout", check_duration, 1200.0, "How long the server may take to load."),

@@ -134,6 +134,10 @@ def check_program(value: Any) -> str:
     """The first word of an Exec line: an absolute, normalized path, or a bare
     name systemd looks up in its PATH (what `systemd-analyze verify` accepts)."""
     value = no_control(check_nonempty_str(value))
+    if "$" in value:
+        # systemd expands $VAR in argv[0] but not in the path it executes:
+        # no quoting makes both right ("$$" is "$" in one, "$$" in the other).
+        raise ValueError(f"{show(value)} contains '$', which systemd would read as a variable")
     if value.startswith("/"):
         if any(part in ("", ".", "..") for part in value.split("/")[1:]):
             raise ValueError(f"{show(value)} is not a normalized path "

@@ -125,6 +125,8 @@ HOSTILE: dict[str, tuple[dict[str, str | bytes | Writer], str, str, str]] = {
                         "bad.toml", "python", "relative path"),
     "python-dotdot": ({"bad.toml": BASE + 'python = "/opt/../bin/python"\n'},
                       "bad.toml", "python", "not a normalized path"),
+    "python-dollar": ({"bad.toml": BASE + 'python = "/opt/$VENV/bin/python"\n'},
+                      "bad.toml", "python", "variable"),
     "python-prefix": ({"bad.toml": BASE + 'python = "-python3"\n'}, "bad.toml", "python", "flag"),
     "executable-relative": ({"bad.toml": BASE.replace("sglang", "llamacpp").replace("port = 8000\n", "")
                              + 'port = 8000\nexecutable = "./llama-server"\n'},

@@ -65,7 +65,7 @@ def load_all(names: list[str] | None = None, dirs: list[str] | None = None) -> L
         wanted = {n.removesuffix(".service") for n in names}
         loaded.models = [m for m in loaded.models if m.name in wanted]
         loaded.errors = [e for e in loaded.errors
-                         if (getattr(e, "model", None) or _name_of(e.path)) in wanted]
+                         if (e.model or _name_of(e.path)) in wanted]
         loaded.conflicts = [e for e in loaded.conflicts if _name_of(e.path) in wanted]
     return loaded
 
@@ -87,6 +87,8 @@ def render_checked(model: Model) -> RenderedUnit:
 
 def _name_of(path: str) -> str:
     base = path.rsplit("/", 1)[-1]
+    if base.endswith(".toml.d"):
+        return base[: -len(".toml.d")]
     parent = path.rsplit("/", 2)[-2] if path.count("/") >= 2 else ""
     if parent.endswith(".toml.d"):
         return parent[: -len(".toml.d")]

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 # A message is one log line: whatever a path, key or reason holds (a drop-in
 # named "a\nb.toml", bytes that are not UTF-8) is shown escaped, and a
-# megabyte of value is cut short.
-MAX_MESSAGE = 2000
+# megabyte of value is cut short (/dev/kmsg takes at most 1 KiB a record).
+MAX_MESSAGE = 800
 
 
 def one_line(text: str) -> str:

@@ -32,8 +32,9 @@ DEFAULTS_NAME = "defaults"
 _NAME_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_.-")
 _NAME_MAX = 240        # UNIT_NAME_MAX is 255 with ".service"
 # Model files are a few hundred bytes; this bounds memory and parse time for
-# a file that is not one (a log, an image, /dev/zero behind a symlink).
-MAX_FILE_BYTES = 4 << 20
+# a file that is not one (a log, an image, /dev/zero behind a symlink): the
+# worst 1 MiB file takes well under a second to refuse.
+MAX_FILE_BYTES = 1 << 20
 # Tables and arrays deeper than this are no model file (ours use 3 levels);
 # the limit also keeps every walk below far from Python's recursion limit.
 MAX_DEPTH = 16

@@ -135,6 +135,10 @@ def check_program(value: Any) -> str:
     """The first word of an Exec line: an absolute, normalized path, or a bare
     name systemd looks up in its PATH (what `systemd-analyze verify` accepts)."""
     value = no_control(check_nonempty_str(value))
+    if "$" in value:
+        # systemd expands $VAR in argv[0] but not in the path it executes:
+        # no quoting makes both right ("$$" is "$" in one, "$$" in the other).
+        raise ValueError(f"{show(value)} contains '$', which systemd would read as a variable")
     if value.startswith("/"):
         if any(part in ("", ".", "..") for part in value.split("/")[1:]):
             raise ValueError(f"{show(value)} is not a normalized path "
@@ -210,6 +214,18 @@ def check_str_list(value: Any) -> list[str]:
             raise ValueError(f"item {i} is {type(item).__name__}, expected a string")
         _no_nul(item)
     return list(value)
+
+
+def check_process_names(value: Any) -> list[str]:
+    """Names handed to the hooks as `--ignore NAME`: a name that looks like a
+    flag would make the hook fail at every start."""
+    value = check_str_list(value)
+    for i, name in enumerate(value):
+        try:
+            check_operand(name)
+        except ValueError as e:
+            raise ValueError(f"item {i}: {e}") from None
+    return value
 
 
 def check_argv(value: Any) -> list[str]:
@@ -386,7 +402,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("reap.term-grace", check_duration, 10.0, "Time between SIGTERM and SIGKILL."),
     Setting("reap.timeout", check_duration, 60.0,
             "How long to wait for GPUs (and the port) to become free."),
-    Setting("reap.ignore", check_str_list, [],
+    Setting("reap.ignore", check_process_names, [],
             "Process names never touched, added to: " + ", ".join(BUILTIN_IGNORE) + "."),
     Setting("ready.url", check_url, None, "Health URL; default: the engine's."),
     Setting("ready.timeout", check_duration, 1200.0, "How long the server may take to load."),

@@ -65,7 +65,11 @@ def render(names: tuple[str, ...], output: str | None) -> None:
     for name in sorted(missing):
         click.echo(f"error: no model file named {name}.toml on the search path", err=True)
     if output:
-        os.makedirs(output, exist_ok=True)
+        try:
+            os.makedirs(output, exist_ok=True)
+        except OSError as e:
+            click.echo(f"error: {output}: cannot create: {e.strerror}", err=True)
+            sys.exit(CONFIG_ERROR)
     failed = False
     for model in loaded.models:
         try:

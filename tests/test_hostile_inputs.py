@@ -2,12 +2,11 @@
 log line naming the file, the key when there is one, and the reason; no
 traceback; the good neighbour is still generated; `infer-units check` says
 the same and exits 1.  Then the hostile-but-accepted corpus: what must be
-escaped, not refused, and still pass `systemd-analyze verify`."""
+escaped, not refused (test_verify.py runs `systemd-analyze verify` on it)."""
 
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import time
 from pathlib import Path
@@ -80,7 +79,7 @@ HOSTILE: dict[str, tuple[dict[str, str | bytes | Writer], str, str, str]] = {
                                 "bad.toml", "", "nested too deeply"),
     "not-utf8": ({"bad.toml": BASE.encode() + b'description = "\xff\xfe"\n'},
                  "bad.toml", "", "not UTF-8"),
-    "too-large": ({"bad.toml": BASE + "# " + "x" * (5 << 20) + "\n"}, "bad.toml", "", "too large"),
+    "too-large": ({"bad.toml": BASE + "# " + "x" * (2 << 20) + "\n"}, "bad.toml", "", "too large"),
     "model-symlink-loop": ({"bad.toml": symlink_loop}, "bad.toml", "",
                            "cannot read: Too many levels of symbolic links"),
     "model-is-directory": ({"bad.toml": directory}, "bad.toml", "", "not a regular file (a directory)"),
@@ -125,6 +124,8 @@ HOSTILE: dict[str, tuple[dict[str, str | bytes | Writer], str, str, str]] = {
                         "bad.toml", "python", "relative path"),
     "python-dotdot": ({"bad.toml": BASE + 'python = "/opt/../bin/python"\n'},
                       "bad.toml", "python", "not a normalized path"),
+    "python-dollar": ({"bad.toml": BASE + 'python = "/opt/$VENV/bin/python"\n'},
+                      "bad.toml", "python", "variable"),
     "python-prefix": ({"bad.toml": BASE + 'python = "-python3"\n'}, "bad.toml", "python", "flag"),
     "executable-relative": ({"bad.toml": BASE.replace("sglang", "llamacpp").replace("port = 8000\n", "")
                              + 'port = 8000\nexecutable = "./llama-server"\n'},
@@ -137,6 +138,8 @@ HOSTILE: dict[str, tuple[dict[str, str | bytes | Writer], str, str, str]] = {
                      "bad.toml", "nccl.a.b", "not a valid environment variable name"),
     "install-path-traversal": ({"bad.toml": BASE + '[install]\nWantedBy = "../../../etc/evil.target"\n'},
                                "bad.toml", "install.WantedBy", "not a unit name"),
+    "reap-ignore-flag": ({"bad.toml": BASE + '[reap]\nignore = ["--foreign"]\n'},
+                         "bad.toml", "reap.ignore", "flag"),
     "top-level-dotted": ({"bad.toml": BASE + '"reap.timeout" = "1s"\n'},
                          "bad.toml", "reap.timeout", "unknown key"),
     # Names: valid unit names only, and never one the system already has.
@@ -203,7 +206,7 @@ def test_hostile_input_is_one_line_and_spares_the_neighbour(case: str, tmp_path:
     if key:
         assert f": {key}: " in line or f": {key}." in line, line
     assert reason in line, line
-    assert line.endswith("(no unit generated)"), line
+    assert line.endswith("(no unit generated)") and "(model " not in line, line
     assert len(line) < 600, line
     assert sorted(p.name for p in out.iterdir()) == ["good.service"]
 
@@ -328,32 +331,6 @@ def test_hostile_but_accepted_units_are_escaped(tmp_path: Path) -> None:
     assert pre[pre.index("--timeout") + 1] == "315360000s"
     post = exec_argv(values(durations, "Service", "ExecStartPost")[0])
     assert post[post.index("--interval") + 1] == "1500us"
-
-
-ANALYZE = shutil.which("systemd-analyze")
-
-
-@pytest.mark.skipif(not ANALYZE or not Path("/usr/lib/systemd/system").is_dir(),
-                    reason="systemd-analyze and /usr/lib/systemd/system needed")
-def test_hostile_but_accepted_units_pass_verify(tmp_path: Path) -> None:
-    from test_verify import assert_verify_clean
-    # A config directory with '%' and a space: SourcePath= expands specifiers.
-    root = tmp_path / "conf 100%n"
-    root.mkdir()
-    etc, units = make_tree(root, ACCEPTED)
-    out = tmp_path / "out"
-    out.mkdir()
-    done = subprocess.run([PYTHON, "-m", "infer_units.generator.main", str(out)],
-                          capture_output=True, text=True, timeout=60, env=env_for(etc, units))
-    assert done.stderr == ""
-    generated = sorted(out.glob("*.service"))
-    assert len(generated) == 5
-    assert values((out / "good.service").read_text(), "Unit", "SourcePath") == \
-        [f"{etc}/good.toml".replace("%", "%%")]
-    verify_root = tmp_path / "verify-root"
-    shutil.copytree("/usr/lib/systemd/system", verify_root / "usr/lib/systemd/system",
-                    symlinks=True)
-    assert_verify_clean(verify_root, generated, "hostile-but-accepted corpus")
 
 
 def test_unreadable_host_defaults_refuse_every_model_by_name(tmp_path: Path) -> None:

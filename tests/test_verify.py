@@ -14,7 +14,7 @@ import pytest
 
 from support import run_generator
 from test_generator_cases import case_names, prepare
-from unitfile import exec_argv, parse_unit
+from unitfile import exec_argv, parse_unit, values
 
 ANALYZE = shutil.which("systemd-analyze")
 pytestmark = pytest.mark.skipif(not ANALYZE or not Path("/usr/lib/systemd/system").is_dir(),
@@ -66,3 +66,23 @@ def test_systemd_analyze_verify(case: str, tmp_path: Path, verify_root: Path) ->
     units = sorted(out.glob("*.service"))
     assert units, f"{case}: nothing generated"
     assert_verify_clean(verify_root, units, case)
+
+
+def test_hostile_but_accepted_corpus_passes_verify(tmp_path: Path, verify_root: Path) -> None:
+    """What is escaped rather than refused (tests/test_hostile_inputs.py's
+    ACCEPTED: newlines in drop-in names and argv, control characters in env
+    values, microsecond and ten-year durations, ...) under a config directory
+    whose path holds '%' and a space (SourcePath= expands specifiers)."""
+    from test_hostile_inputs import ACCEPTED, env_for, make_tree
+    root = tmp_path / "conf 100%n"
+    root.mkdir()
+    etc, units = make_tree(root, ACCEPTED)
+    out = tmp_path / "out"
+    done = run_generator(out, str(etc), **{k: v for k, v in env_for(etc, units).items()
+                                           if k == "INFER_UNITS_UNIT_PATH"})
+    assert done.returncode == 0 and done.stderr == ""
+    generated = sorted(out.glob("*.service"))
+    assert len(generated) == 5
+    assert values((out / "good.service").read_text(), "Unit", "SourcePath") == \
+        [f"{etc}/good.toml".replace("%", "%%")]
+    assert_verify_clean(verify_root, generated, "hostile-but-accepted corpus")

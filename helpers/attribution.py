@@ -116,7 +116,7 @@ def attribute(backend: Backend, gpus: list[Gpu], own_unit: str | None,
     result.unseen = backend.unseen
     for pid, use in sorted(uses.items()):
         info = read_proc(pid)
-        if info is None:          # gone between the GPU query and now
+        if info is None or info.exited:   # gone, or exiting: wait until unlisted
             result.vanished.append(pid)
             continue
         result.holders.append(classify(info, use, own_unit, ignore, spare))

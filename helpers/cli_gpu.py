@@ -108,7 +108,8 @@ def holders(selector: str | None, as_json: bool) -> None:
     for line in describe(seen.unaccounted):
         click.echo(line)
     if seen.unseen:
-        click.echo(f"cannot see processes of other users ({seen.unseen}): run as root")
+        from .gpus import unseen_message
+        click.echo(unseen_message(seen.unseen))
     elif len(rows) == 1 and not seen.unaccounted:
         click.echo(f"no process uses GPU {','.join(str(g.index) for g in gpus)}")
 

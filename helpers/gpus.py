@@ -69,6 +69,14 @@ class Backend:
 
 # ------------------------------------------------------------------ fd scanning
 
+def unseen_message(count: int) -> str:
+    """Why some processes' fds could not be read, and what to do."""
+    if os.geteuid() != 0:
+        return f"cannot see processes of other users ({count}): run as root"
+    return (f"cannot look into {count} process(es) (no CAP_SYS_PTRACE in this container?): "
+            "a GPU user among them would be missed")
+
+
 def _fd_targets(fd_dir: str) -> list[str]:
     try:
         fds = os.listdir(fd_dir)

@@ -32,6 +32,9 @@ class ProcInfo:
     cgroup: str
     unit: str | None     # "sglang-qwen.service", "session-3.scope", ...
     container: str | None
+    # State Z with no live thread: exited, not yet reaped by its parent.  It
+    # holds nothing and its cgroup reads "/" (it left it): never "foreign".
+    exited: bool = False
 
     def describe(self) -> str:
         where = self.unit or (f"container {self.container}" if self.container else self.cgroup)
@@ -75,10 +78,10 @@ def container_of_cgroup(cgroup: str) -> str | None:
     return None
 
 
-def read_cgroup(pid: int) -> str:
+def read_cgroup(pid: int, tid: int | None = None) -> str:
     """The unified (v2) path, or the name=systemd one on hybrid hosts; "" when
-    it cannot be read (the process is gone)."""
-    raw = _read(f"/proc/{pid}/cgroup")
+    it cannot be read (the process is gone).  `tid`: one thread's view."""
+    raw = _read(f"/proc/{pid}/cgroup" if tid is None else f"/proc/{pid}/task/{tid}/cgroup")
     if raw is None:
         return ""
     v2 = systemd = ""
@@ -135,13 +138,36 @@ def read_proc(pid: int) -> ProcInfo | None:
     else:
         return None
     state, ppid, start_time = again
+    exited = False
+    if state == "Z":
+        # A zombie leader's own cgroup file says "/" although its live threads
+        # (which may hold the GPU) are still in their service's cgroup: ask them.
+        live = _live_thread_cgroup(pid)
+        if live is None:
+            exited = True
+        else:
+            cgroup = live
     argv = [a for a in raw_cmd.split("\0") if a] if raw_cmd else []
     return ProcInfo(pid=pid, ppid=ppid, comm=comm,
                     exe_name=os.path.basename(argv[0]) if argv else comm,
                     cmdline=one_line(" ".join(argv)) if argv else f"[{comm}]",
                     user=_user(pid), state=state, start_time=start_time,
                     cgroup=cgroup, unit=unit_of_cgroup(cgroup),
-                    container=container_of_cgroup(cgroup))
+                    container=container_of_cgroup(cgroup), exited=exited)
+
+
+def _live_thread_cgroup(pid: int) -> str | None:
+    """The cgroup of a live thread of a process whose leader is a zombie; None
+    when no thread is left."""
+    try:
+        tids = [int(t) for t in os.listdir(f"/proc/{pid}/task") if t != str(pid)]
+    except OSError:
+        return None
+    for tid in tids:
+        cgroup = read_cgroup(pid, tid)
+        if cgroup:
+            return cgroup
+    return None
 
 
 def matches_name(info: ProcInfo, names: tuple[str, ...] | list[str]) -> bool:

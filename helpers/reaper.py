@@ -18,7 +18,7 @@ from . import exitcodes
 from .attribution import (ANCESTOR, FOREIGN, IGNORED, OWN, SERVICE, Attribution, Holder,
                           attribute)
 from .gpumemory import describe as describe_unaccounted
-from .gpus import Backend, Gpu
+from .gpus import Backend, Gpu, unseen_message
 from .pidwait import PidSet
 from .procinfo import read_proc, read_stat, wchan
 from .progress import Progress
@@ -118,6 +118,7 @@ class Reaper:
         self._poll_s = CONFIRM_POLL_S
         self._settle_until: float | None = None
         self._last_unaccounted = -1
+        self._warned_unseen = False
 
     def _attribute(self) -> Attribution:
         return attribute(self.backend, self.gpus, self.own_unit, self.policy.ignore)
@@ -163,10 +164,12 @@ class Reaper:
                 if seen.unseen and os.geteuid() != 0:
                     # Their fds are closed to us: any of them may hold the GPU.
                     self.result.exit_code = exitcodes.CONFIG_ERROR
-                    self.result.message = (f"cannot see processes of other users "
-                                           f"({seen.unseen}): run as root")
+                    self.result.message = unseen_message(seen.unseen)
                     _log(self.result.message)
                     return
+                if seen.unseen and not self._warned_unseen:
+                    self._warned_unseen = True      # root, yet some fds are closed to us
+                    _log(unseen_message(seen.unseen))
                 hands_off = seen.of_kind(SERVICE) + seen.of_kind(ANCESTOR)
                 if hands_off:
                     if policy.services == "block":

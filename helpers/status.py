@@ -148,8 +148,8 @@ def table(report: dict[str, Any]) -> str:
             for index, mib in gpu.get("unaccounted_mib", {}).items():
                 notes.append(f"{m['name']}: GPU {index}: {mib} MiB used by no visible process")
             if gpu.get("unseen"):
-                notes.append(f"{m['name']}: cannot see processes of other users "
-                             f"({gpu['unseen']}): run as root")
+                from .gpus import unseen_message
+                notes.append(f"{m['name']}: {unseen_message(gpu['unseen'])}")
         else:
             gpus, mem = "?", "-"
             notes.append(f"{m['name']}: GPUs unknown: {gpu['error']}")

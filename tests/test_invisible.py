@@ -278,3 +278,35 @@ def test_a_worker_that_left_another_services_cgroup_is_not_foreign(fake_gpus: Fa
     finally:
         os.killpg(p.pid, 9)
         p.wait()
+
+
+SERVICE_ZOMBIE_LEADER = r"""
+import ctypes, os, sys, threading, time
+open(sys.argv[2] + "/cgroup.procs", "w").write(str(os.getpid()))
+f = open(sys.argv[1], "rb")
+threading.Thread(target=time.sleep, args=(60,)).start()
+print("ready", flush=True)
+ctypes.CDLL(None).pthread_exit(None)
+"""
+
+
+def test_a_services_zombie_leader_is_still_that_services(fake_gpus: FakeGpus,
+                                                         service_cgroup) -> None:
+    """/proc/PID/cgroup of a zombie leader reads "/" (measured, cgroup v1):
+    read naively, a service whose main thread exited is "foreign" and the
+    neighbour's start kills it.  Its live threads say where it belongs."""
+    cgroup, generator = service_cgroup
+    p = subprocess.Popen([PYTHON, "-c", SERVICE_ZOMBIE_LEADER, str(fake_gpus.devices[2]),
+                          str(cgroup)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert p.stdout and p.stdout.readline().strip() == "ready"
+        assert wait_until(lambda: _state(p.pid) == "Z")
+        done = run_cli("reap", "--gpus", "2", "--unit", "mine", "--json",
+                       env=fake_gpus.env(INFER_UNITS_GENERATOR_DIR=generator))
+        assert done.returncode == 2, done.stderr
+        report = json.loads(done.stdout)
+        assert [b["unit"] for b in report["blocked_by"]] == ["neighbour.service"]
+        assert report["actions"] == [] and p.poll() is None
+    finally:
+        p.kill()
+        p.wait()

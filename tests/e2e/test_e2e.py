@@ -77,7 +77,10 @@ def test_start_reaps_a_stale_foreign_holder_but_not_the_neighbour(box) -> None:
     box.sh("systemctl start alpha")
     assert show(box, "alpha.service", "ActiveState")["ActiveState"] == "active"
     assert not alive(box, stale)
-    assert all(alive(box, pid) for pid in neighbour), "the neighbour model was touched"
+    gone = [pid for pid in neighbour if not alive(box, pid)]
+    assert not gone, (f"the neighbour model was touched: {gone} of {neighbour} gone\n"
+                      + box.journal("beta.service") + box.journal("alpha.service")
+                      + box.sh("ps -eo pid,ppid,stat,cmd", check=False).stdout)
     log = box.journal("alpha.service")
     assert f"sending SIGTERM to pid {stale}" in log and f"sending SIGKILL to pid {stale}" in log
     assert "foreign user of GPU 0 (stale-foreign.service)" in log

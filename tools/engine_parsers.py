@@ -254,7 +254,7 @@ def check(args: argparse.Namespace) -> int:
             return 2
         # one row per (unit, variant); identical render and golden lines share it
         jobs: dict[tuple[str, str, str], list[str]] = {}
-        seen: dict[tuple[str, str, str], int] = {}
+        seen: dict[tuple[str, str, tuple[str, str, str]], int] = {}
         others: dict[str, int] = {}
         rows: list[dict[str, object]] = []
         for u in units:
@@ -267,10 +267,10 @@ def check(args: argparse.Namespace) -> int:
                 argv = [u.exec.executable] + u.exec.argv(env)[1:]
                 key = (engine, json.dumps(argv), json.dumps(env, sort_keys=True))
                 where = f"{u.case}/{u.name}"
-                if (where, label, key[1]) in seen:
-                    rows[seen[(where, label, key[1])]]["source"] = "render+golden"
+                if (where, label, key) in seen:
+                    rows[seen[(where, label, key)]]["source"] = "render+golden"
                     continue
-                seen[(where, label, key[1])] = len(rows)
+                seen[(where, label, key)] = len(rows)
                 jobs.setdefault(key, argv)
                 rows.append({"source": u.source, "unit": where, "engine": engine,
                              "variant": label, "key": key, "env": env})
@@ -309,8 +309,7 @@ def check(args: argparse.Namespace) -> int:
     if others:
         print("# not checked (no parser here): "
               + ", ".join(f"{k} x{v}" for k, v in sorted(others.items())))
-    print(f"# {len(out_rows) if not args.argv else len(out_rows) // 2} argv checked, "
-          f"{failed} not accepted as meant")
+    print(f"# {len(rows)} argv checked ({len(jobs)} distinct), {failed} not accepted as meant")
     if not rows:
         print("check-engine-parsers: no SGLang or vLLM unit found", file=sys.stderr)
         return 2

@@ -82,6 +82,15 @@ def test_p2p_off_with_custom_all_reduce_on_is_wrong() -> None:
                                       {"tp": 1, "disable_custom_all_reduce": False})
 
 
+def test_ranks_per_node_must_match_the_visible_gpus() -> None:
+    four = {"CUDA_VISIBLE_DEVICES": "0,1,2,3"}
+    assert not engine_parsers.meaning(four, {"tp": 8, "nnodes": 2})
+    assert not engine_parsers.meaning(four, {"tp": 2, "pp": 2})
+    assert "runs 8 GPU rank(s)" in str(engine_parsers.meaning(four, {"tp": 16, "nnodes": 2}))
+    assert engine_parsers.meaning(four, {"tp": 2})
+    assert not engine_parsers.meaning({}, {"tp": 2})    # PCI selectors: known only at start
+
+
 VENVS = os.environ.get("INFER_UNITS_ENGINE_VENVS")
 needs_venvs = pytest.mark.skipif(
     not VENVS or not all((Path(VENVS) / e / "bin" / "python").exists()

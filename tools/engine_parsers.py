@@ -200,6 +200,13 @@ def meaning(env: dict[str, str], fields: dict[str, object]) -> str | None:
     if env.get("NCCL_P2P_DISABLE") == "1" and isinstance(tp, int) and tp > 1 \
             and not fields.get("disable_custom_all_reduce"):
         return "P2P is off but the engine's custom all-reduce stays on"
+    visible = [g for g in env.get("CUDA_VISIBLE_DEVICES", "").split(",") if g]
+    nodes, pp, dp = fields.get("nnodes") or 1, fields.get("pp") or 1, fields.get("dp") or 1
+    if visible and isinstance(tp, int) and isinstance(pp, int) and isinstance(nodes, int) \
+            and dp == 1 and tp * pp % nodes == 0 and tp * pp // nodes != len(visible):
+        # each node runs tp x pp / nnodes ranks, one per visible GPU
+        return (f"the engine runs {tp * pp // nodes} GPU rank(s) on this node "
+                f"(tp {tp} x pp {pp} / {nodes} node(s)); the unit gives it {len(visible)} GPU(s)")
     return None
 
 

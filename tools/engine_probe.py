@@ -60,7 +60,8 @@ def _hook_sglang() -> None:
             "model": args.model_path, "tp": args.tp_size, "host": args.host,
             "port": args.port, "disable_custom_all_reduce": args.disable_custom_all_reduce,
             "nnodes": args.nnodes, "node_rank": args.node_rank,
-            "dist_init_addr": args.dist_init_addr}, "versions": _versions()}, 0)
+            "dist_init_addr": args.dist_init_addr, "pp": args.pp_size, "dp": args.dp_size},
+            "versions": _versions()}, 0)
 
     sa.prepare_server_args = prepare_server_args
 
@@ -95,7 +96,8 @@ def _hook_vllm() -> None:
             "port": args.port, "disable_custom_all_reduce": engine.disable_custom_all_reduce,
             "headless": args.headless, "nnodes": engine.nnodes, "node_rank": engine.node_rank,
             "master_addr": engine.master_addr, "master_port": engine.master_port,
-            "shutdown_timeout": args.shutdown_timeout}, "versions": _versions()}, 0)
+            "shutdown_timeout": args.shutdown_timeout, "pp": engine.pipeline_parallel_size,
+            "dp": engine.data_parallel_size}, "versions": _versions()}, 0)
 
     # The serve subcommand imported the name at its own import time.
     cli_args.validate_parsed_serve_args = validate_parsed_serve_args

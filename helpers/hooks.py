@@ -193,8 +193,8 @@ def wait_ready(argv: list[str]) -> int:
     p = _Parser(prog="infer-units wait-ready",
                 description="ExecStartPost: wait until URL answers 2xx; fail at once if "
                             "the server (PID) dies.")
-    p.add_argument("--url", required=True)
-    p.add_argument("--pid", type=int)
+    p.add_argument("--url", required=True, type=_checked(argtypes.http_url))
+    p.add_argument("--pid", type=_checked(argtypes.pid))
     p.add_argument("--timeout", type=_duration, default=1200.0)
     p.add_argument("--interval", type=_duration, default=1.0)
     p.add_argument("--probe-timeout", type=_duration, default=10.0,

@@ -16,15 +16,19 @@ from .log import GeneratorLog
 from .render import RenderedUnit
 
 
+def _discard(tmp: str) -> None:
+    try:
+        os.unlink(tmp)
+    except OSError:
+        pass
+
+
 def _replace(tmp: str, path: str) -> None:
     """rename(), removing the temporary file when that fails."""
     try:
         os.rename(tmp, path)
     except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
+        _discard(tmp)
         raise
 
 
@@ -47,10 +51,7 @@ def write_file(path: str, text: str) -> None:
         finally:
             os.close(fd)
     except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
+        _discard(tmp)
         raise
     _replace(tmp, path)
 

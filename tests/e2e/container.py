@@ -111,7 +111,8 @@ class Container:
         inside.mkdir(parents=True, exist_ok=True)
         cache = apt_archives(self.suite)
         for deb in cache.glob("*.deb") if cache.is_dir() else ():
-            shutil.copy2(deb, inside / deb.name)
+            if not (inside / deb.name).exists():
+                shutil.copy2(deb, inside / deb.name)
         self._start()
 
     def _keep_archives(self) -> None:

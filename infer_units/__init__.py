@@ -3,7 +3,7 @@ cleans its GPUs on every stop and start."""
 
 import os as _os
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 # Installed, setuptools' package_dir puts generator/, helpers/ and units/ inside
 # this package.  In a source checkout they sit beside it (the design card's

@@ -3,10 +3,16 @@
 The base root of each suite (debootstrap minbase + systemd, dbus, python3) is
 built once and kept as a tarball in $INFER_UNITS_E2E_CACHE (default
 /var/cache/infer-units-e2e); each session unpacks a fresh copy, boots it, and
-installs the .deb with apt (its dependencies come from Debian, and apt's
-downloaded archives are kept in the cache, per suite, so later runs on the same
-machine do not fetch them again).  debootstrap's own default mirror is used: the
-repository names no package host.
+installs the .deb with apt (its dependencies come from Debian; the .debs apt
+downloaded are copied back into the cache, per suite, and into the next
+container, so later runs do not fetch them again; copied, not shared, so that
+runs at the same time do not fight over apt's lock).  debootstrap's own default
+mirror is used: the repository names no package host.
+
+The container has a network namespace of its own (loopback only): servers in
+two containers booted at the same time cannot take each other's ports.  What
+needs the network (apt, build-deb) runs with sh(..., net=True): the
+container's files and processes, the host's network.
 """
 
 from __future__ import annotations
@@ -102,6 +108,12 @@ class Container:
         self.root.mkdir()
         done = _run(["tar", "-C", str(self.root), "-xf", str(ensure_base(self.suite))], timeout=600)
         assert done.returncode == 0, done.stderr
+        inside = self.path("/var/cache/apt/archives")
+        inside.mkdir(parents=True, exist_ok=True)
+        cache = apt_archives(self.suite)
+        for deb in cache.glob("*.deb") if cache.is_dir() else ():
+            if not (inside / deb.name).exists():
+                shutil.copy2(deb, inside / deb.name)
         self._start()
 
     def boot_root(self, root: Path) -> None:
@@ -109,19 +121,34 @@ class Container:
         self.root = root
         self._start()
 
+    def _keep_archives(self) -> None:
+        """The .debs apt fetched in here, for the next container (atomic per file)."""
+        cache = apt_archives(self.suite)
+        cache.mkdir(parents=True, exist_ok=True)
+        for deb in self.path("/var/cache/apt/archives").glob("*.deb"):
+            if not (cache / deb.name).exists():
+                tmp = cache / f".{deb.name}.{os.getpid()}"
+                shutil.copy2(deb, tmp)
+                os.replace(tmp, cache / deb.name)
+
     def reboot(self) -> None:
         """Power off and boot the same root again (a new boot: generators run
         before journald, /run starts empty)."""
         self._stop()
         self._start()
 
+    def _network_args(self) -> list[str]:
+        """A network namespace of its own (ports never clash with another
+        container's); a caller that names its network keeps it."""
+        if any(a.startswith(("--network", "--private-network")) for a in self.nspawn_args):
+            return []
+        return ["--private-network", "--resolv-conf=copy-host"]
+
     def _start(self) -> None:
-        archives = apt_archives(self.suite)
-        archives.mkdir(parents=True, exist_ok=True)
         log = open(self.dir / "console.log", "ab")
         self.proc = subprocess.Popen(
             ["systemd-nspawn", "-D", str(self.root), "--register=no", "--keep-unit",
-             "--quiet", f"--bind={archives}:/var/cache/apt/archives", *self.nspawn_args, "-b"],
+             "--quiet", *self._network_args(), *self.nspawn_args, "-b"],
             stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
             env=dict(os.environ, PATH=SYSTEM_PATH, SYSTEMD_NSPAWN_TMPFS_TMP="0"))
         deadline = time.monotonic() + 120
@@ -164,13 +191,20 @@ class Container:
 
     def shutdown(self) -> None:
         self._stop()
+        if self.root.is_dir():
+            try:
+                self._keep_archives()
+            except OSError:
+                pass      # a cache is only a cache
         shutil.rmtree(self.dir, ignore_errors=True)
 
     # ------------------------------------------------------------- inside
-    def sh(self, script: str, check: bool = True, timeout: float = 300,
+    def sh(self, script: str, check: bool = True, timeout: float = 300, net: bool = False,
            ) -> subprocess.CompletedProcess[str]:
-        """Run a shell script inside the container (all its namespaces)."""
-        done = _run(["nsenter", "-t", str(self.leader), "-a", "/usr/bin/env", "-i",
+        """Run a shell script inside the container: all its namespaces, or with
+        net=True all but the network one (apt and pip reach the host's network)."""
+        namespaces = ["-m", "-u", "-i", "-p", "-C"] if net else ["-a"]
+        done = _run(["nsenter", "-t", str(self.leader), *namespaces, "/usr/bin/env", "-i",
                      f"PATH={SYSTEM_PATH}", "LANG=C.UTF-8", "PYTHONIOENCODING=utf-8", "/bin/sh", "-c", script],
                     timeout=timeout)
         if check and done.returncode != 0:
@@ -191,7 +225,7 @@ class Container:
         shutil.copy(deb, self.path("/root") / deb.name)
         return self.sh("apt-get update -qq && DEBIAN_FRONTEND=noninteractive "
                        f"apt-get install -y -qq --no-install-recommends /root/{deb.name}",
-                       timeout=900)
+                       timeout=900, net=True)
 
     def journal(self, unit: str, since_cursor: str | None = None) -> str:
         return self.sh(f"journalctl -u {unit} -o cat --no-pager", check=False).stdout

@@ -38,10 +38,22 @@ def dangling_links(box) -> list[str]:
     return box.sh("find /etc/systemd/system -xtype l").stdout.split()
 
 
+def start(box, unit: str) -> None:
+    done = box.sh(f"systemctl start {unit}", check=False)
+    assert done.returncode == 0, box.sh(f"journalctl -b -u {unit} --no-pager | tail -30").stdout
+
+
+def keeper_pid(box) -> str:
+    pid = getattr(box, "keeper_pid", None)
+    if pid is None:
+        pytest.skip("needs the models of test_upgrade_from_0_1_0_starts_and_stops_nothing")
+    return pid
+
+
 def install(box, deb: Path) -> str:
     shutil.copy(deb, box.path("/root") / deb.name)
     done = box.sh(f"{APT} install --no-install-recommends --allow-downgrades /root/{deb.name}",
-                  check=False, timeout=900)
+                  check=False, timeout=900, net=True)
     assert done.returncode == 0, done.stdout + done.stderr
     return done.stdout + done.stderr
 
@@ -83,14 +95,15 @@ def test_apt_remove_leaves_no_generated_unit(box) -> None:
                   "grep -c /var/lib/fakegpu/ || true").stdout.strip() == "0"
 
 def test_upgrade_from_0_1_0_starts_and_stops_nothing(box, first_release_deb: Path, deb: Path) -> None:
-    box.sh(f"{APT} purge infer-units >/dev/null 2>&1 || true")
+    box.sh(f"{APT} purge infer-units >/dev/null 2>&1 || true", net=True)
     install(box, first_release_deb)
     assert box.sh("test -f /etc/infer-units/sglang-qwen.toml.example", check=False).returncode == 0
     box.write("/etc/infer-units/keeper.toml", in_target("keeper", [0], 18201))
     box.write("/etc/infer-units/sleeper.toml", in_target("sleeper", [1], 18202))
     # The operator enabled the group: an upgrade that restarted the target
     # would start sleeper (and reap its GPUs).
-    box.sh("systemctl daemon-reload && systemctl enable infer-units.target && systemctl start keeper")
+    box.sh("systemctl daemon-reload && systemctl enable infer-units.target")
+    start(box, "keeper")
     pid = show(box, "keeper.service", "MainPID")["MainPID"]
     assert pid != "0"
 
@@ -114,6 +127,7 @@ def test_upgrade_from_0_1_0_starts_and_stops_nothing(box, first_release_deb: Pat
 def test_deb_built_from_nothing_in_the_container_upgrades_alike(box, tmp_path: Path) -> None:
     """build-deb as root on this suite's minbase (plus the runtime packages),
     with this suite's debhelper: same maintainer scripts, same behaviour."""
+    pid = keeper_pid(box)
     assert box.sh("dpkg -s build-essential", check=False).returncode != 0
     src = box.path("/root/src")
     src.mkdir()
@@ -124,7 +138,7 @@ def test_deb_built_from_nothing_in_the_container_upgrades_alike(box, tmp_path: P
         shutil.copytree(NVML_CACHE, box.path(str(NVML_CACHE)), dirs_exist_ok=True)
     version = f"0.2.0+{box.suite}1"
     done = box.sh(f"cd /root/src && INFER_UNITS_DEB_VERSION={version} packaging/build-deb",
-                  check=False, timeout=1800)
+                  check=False, timeout=1800, net=True)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
     built = done.stdout.strip().splitlines()[-1]
     assert built == f"/root/src/dist/infer-units_{version}_all.deb"
@@ -134,15 +148,15 @@ def test_deb_built_from_nothing_in_the_container_upgrades_alike(box, tmp_path: P
 
     # The operator turned the group off: an upgrade keeps it off.
     box.sh("systemctl disable infer-units.target")
-    box.sh(f"{APT} install --no-install-recommends {built}", timeout=900)
+    box.sh(f"{APT} install --no-install-recommends {built}", timeout=900, net=True)
     assert box.sh("dpkg-query -W -f='${Version}' infer-units").stdout == version
-    assert show(box, "keeper.service", "MainPID", "ActiveState") == \
-        {"MainPID": box.keeper_pid, "ActiveState": "active"}   # type: ignore[attr-defined]
+    assert show(box, "keeper.service", "MainPID", "ActiveState") == {"MainPID": pid, "ActiveState": "active"}
     assert show(box, "sleeper.service", "ActiveState")["ActiveState"] == "inactive"
     assert box.sh("systemctl is-enabled infer-units.target", check=False).stdout.strip() == "disabled"
 
 
 def test_a_bad_model_is_in_the_journal_at_reload_and_at_boot(box) -> None:
+    keeper_pid(box)
     box.write("/etc/infer-units/bad.toml", BAD)
     box.sh("systemctl daemon-reload")
     # journalctl reads what journald has already stored: give it a moment
@@ -162,6 +176,7 @@ def test_a_bad_model_is_in_the_journal_at_reload_and_at_boot(box) -> None:
 
 
 def test_edit_validates_reloads_and_cat_names_the_files(box) -> None:
+    keeper_pid(box)
     override = "/etc/infer-units/keeper.toml.d/override.toml"
     box.write("/usr/local/bin/edit-good", "#!/bin/sh\nprintf '[env]\\nFROM_EDIT = \"yes\"\\n' > \"$1\"\n", 0o755)
     box.write("/usr/local/bin/edit-bad", "#!/bin/sh\necho 'gpus = \"x\"' > \"$1\"\n", 0o755)
@@ -176,11 +191,14 @@ def test_edit_validates_reloads_and_cat_names_the_files(box) -> None:
 
 
 def test_purge_leaves_no_dangling_link(box) -> None:
-    # enabled by the operator with systemctl (not recorded by deb-systemd-helper)
-    box.sh("systemctl enable infer-units.target && systemctl start keeper")
-    assert box.sh("test -L /etc/systemd/system/multi-user.target.wants/infer-units.target",
-                  check=False).returncode == 0
-    box.sh(f"{APT} purge infer-units", timeout=600)
+    keeper_pid(box)
+    # enabled by the operator with systemctl, and pulled in by another target:
+    # links deb-systemd-helper never recorded
+    box.sh("systemctl enable infer-units.target && systemctl add-wants graphical.target infer-units.target")
+    start(box, "keeper")
+    box.sh("test -L /etc/systemd/system/multi-user.target.wants/infer-units.target && "
+           "test -L /etc/systemd/system/graphical.target.wants/infer-units.target")
+    box.sh(f"{APT} purge infer-units", timeout=600, net=True)
     assert dangling_links(box) == []
     box.sh("systemctl daemon-reload")
     assert show(box, "infer-units.target", "LoadState")["LoadState"] == "not-found"

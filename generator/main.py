@@ -11,6 +11,7 @@ import os
 import sys
 
 from .build import load_all
+from .liveness import write_companions
 from .log import GeneratorLog
 from .render import RenderedUnit, render
 
@@ -44,6 +45,7 @@ def main(argv: list[str] | None = None) -> int:
     for model in loaded.models:
         try:
             write_unit(out_dir, render(model))
+            write_companions(out_dir, model, write_unit)   # [liveness]: timer, probe, drop-in
             log.debug(f"{model.main_path}: wrote {model.unit_name}")
         except OSError as e:
             log.error(f"{model.main_path}: cannot write {model.unit_name}: {e.strerror}")

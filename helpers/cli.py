@@ -64,14 +64,16 @@ def render(names: tuple[str, ...], output: str | None) -> None:
         click.echo(f"error: no model file named {name}.toml on the search path", err=True)
     if output:
         os.makedirs(output, exist_ok=True)
+    from ..generator.liveness import companions
     for model in loaded.models:
-        unit = render_unit(model)
-        if output:
-            write_unit(output, unit)
-            click.echo(os.path.join(output, unit.name))
-        else:
-            click.echo(f"# {unit.name}" + (f" (linked from {', '.join(unit.links)})" if unit.links else ""))
-            click.echo(unit.text)
+        for unit in (render_unit(model), *companions(model)):   # [liveness]: timer, probe, drop-in
+            if output:
+                os.makedirs(os.path.dirname(os.path.join(output, unit.name)), exist_ok=True)
+                write_unit(output, unit)
+                click.echo(os.path.join(output, unit.name))
+            else:
+                click.echo(f"# {unit.name}" + (f" (linked from {', '.join(unit.links)})" if unit.links else ""))
+                click.echo(unit.text)
     if loaded.errors or missing:
         sys.exit(CONFIG_ERROR)
 

@@ -1,4 +1,5 @@
-"""Every unit the generator writes for the fixtures passes `systemd-analyze verify`.
+"""Every unit the generator writes for the fixtures (services, liveness timers,
+drop-ins) passes `systemd-analyze verify`.
 
 verify checks that executables exist, so it runs against a root (--root) that
 holds a copy of this host's systemd units and an executable stub for every
@@ -41,14 +42,14 @@ def test_systemd_analyze_verify(case: str, tmp_path: Path, verify_root: Path) ->
     _root, dirs = prepare(case, tmp_path)
     out = tmp_path / "out"
     assert run_generator(out, ":".join(dirs)).returncode == 0
-    units = sorted(out.glob("*.service"))
+    # Services, the liveness timers, and drop-ins (X.service.d/*.conf) with them.
+    units = sorted([*out.glob("*.service"), *out.glob("*.timer")])
     assert units, f"{case}: nothing generated"
     system = verify_root / "etc/systemd/system"
     shutil.rmtree(system, ignore_errors=True)
-    system.mkdir(parents=True)
-    for unit in units:
-        shutil.copy(unit, system / unit.name)
-        for key, value in parse_unit(unit.read_text())["Service"]:
+    shutil.copytree(out, system, symlinks=True)
+    for unit in [*units, *out.glob("*.service.d/*.conf")]:
+        for key, value in parse_unit(unit.read_text()).get("Service", []):
             if key.startswith("Exec"):
                 _stub(verify_root, exec_argv(value)[0])
     done = subprocess.run([ANALYZE, "verify", "--man=no", f"--root={verify_root}",

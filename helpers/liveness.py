@@ -432,7 +432,9 @@ def view(model: Any) -> dict[str, Any] | None:
     from ..generator.render import health_url
     if health_url(model) is None:
         return None
-    state = load_state(state_path(model.unit_name, state_dir()))
+    # The probe's directory is the model's [env] (INFER_UNITS_LIVENESS_DIR), as it runs.
+    state = load_state(state_path(model.unit_name,
+                                  model.env.get("INFER_UNITS_LIVENESS_DIR") or state_dir()))
     now = time.time()
     last = state.get("last_probe")
     return {

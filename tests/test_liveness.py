@@ -95,7 +95,7 @@ def test_no_answer_fails_at_the_timeout(health: Health) -> None:
     answer = lv.http_probe(health.url, 0.3)
     elapsed = time.monotonic() - started
     assert not answer.ok and answer.text == "no answer within 0.3s"
-    assert 0.28 <= elapsed < 0.8
+    assert 0.28 <= elapsed < 1.5
 
 
 def test_nothing_listening() -> None:
@@ -334,7 +334,9 @@ def test_probe_command_without_systemd(health: Health, tmp_path: Path) -> None:
     run_cli(*argv, env=base_env(INFER_UNITS_STATE_DIR=str(tmp_path / "m")), check=0)
     state = json.loads((tmp_path / "m.liveness.json").read_text())
     assert state["last_probe"]["answer"] == "HTTP 503"
-    assert state["last_probe"]["skipped"] == "systemd unavailable"
+    # No systemd here, or (on a systemd host) no such unit: not counted either way.
+    assert state["last_probe"]["skipped"] in ("systemd unavailable", "inactive/dead")
+    assert state["consecutive_failures"] == 0
     assert run_cli("liveness-probe", "--unit", "m").returncode == 1
 
 

@@ -84,7 +84,7 @@ def http_probe(url: str, timeout: float) -> Answer:
     try:
         scheme, host, port, path = _split_url(url)
         if scheme == "https":
-            return _https_probe(url, timeout, started)
+            return _urllib_probe(url, timeout, timeout, started)
         with socket.create_connection((host, port), timeout=left()) as sock:
             hostport = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
             sock.settimeout(left())
@@ -104,6 +104,10 @@ def http_probe(url: str, timeout: float) -> Answer:
             what = "closed the connection without an answer" if not data else "not HTTP"
             return Answer(False, what, seconds)
         code = int(words[1])
+        if 300 <= code < 400:
+            # Judged after redirects, as readiness (urllib) judged it: a URL
+            # that passed wait-ready must not fail here for its redirect.
+            return _urllib_probe(url, left(), timeout, started)
         return Answer(200 <= code < 300, f"HTTP {code}", seconds)
     except socket.timeout:
         return Answer(False, f"no answer within {timeout:g}s", time.monotonic() - started)
@@ -113,11 +117,12 @@ def http_probe(url: str, timeout: float) -> Answer:
         return Answer(False, e.strerror or str(e), time.monotonic() - started)
 
 
-def _https_probe(url: str, timeout: float, started: float) -> Answer:
+def _urllib_probe(url: str, left: float, timeout: float, started: float) -> Answer:
+    """https, and redirects: urllib (slower to import), as readiness uses."""
     import urllib.error
     import urllib.request
     try:
-        with urllib.request.urlopen(url, timeout=timeout) as response:
+        with urllib.request.urlopen(url, timeout=left) as response:
             code = response.status
     except urllib.error.HTTPError as e:
         code = e.code

@@ -46,6 +46,12 @@ class Health:
                     self.close_connection = True
                     return
                 time.sleep(outer.delay)
+                if outer.mode == "redirect" and self.path == "/health":
+                    self.send_response(302)
+                    self.send_header("Location", "/health/ok")
+                    self.send_header("Content-Length", "0")
+                    self.end_headers()
+                    return
                 code = 503 if outer.mode == "503" else 200
                 self.send_response(code)
                 self.send_header("Content-Length", "0")
@@ -81,6 +87,12 @@ def test_probe_answers(health: Health) -> None:
     assert not answer.ok and answer.text == "HTTP 503"
     health.mode = "close"
     assert not lv.http_probe(health.url, 2.0).ok
+
+
+def test_redirects_are_followed_as_readiness_follows_them(health: Health) -> None:
+    health.mode = "redirect"
+    answer = lv.http_probe(health.url, 2.0)
+    assert answer.ok and answer.text == "HTTP 200" and health.requests == 3   # 302, 302, 200
 
 
 def test_slow_answer_within_timeout_is_healthy(health: Health) -> None:

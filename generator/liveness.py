@@ -101,6 +101,11 @@ def cap_marker(model_name: str, state_dir: str = STATE_DIR) -> str:
 _CAP_SCRIPT = "m=$(cat $1 2>/dev/null) || exit 0; rm -f $1; test x$m != x$INVOCATION_ID"
 
 
+def _one_line(text: str) -> str:
+    """File names land in comments and SourcePath=: no line break may end them."""
+    return "".join("?" if ord(c) < 0x20 or c == "\x7f" else c for c in text)
+
+
 def companions(m: Model) -> list[RenderedUnit]:
     """The timer, the probe service and the model's drop-in; none when off."""
     from .. import __version__
@@ -123,8 +128,8 @@ def companions(m: Model) -> list[RenderedUnit]:
            if k.startswith("INFER_UNITS_") and k != "INFER_UNITS_FAKE_GPUS"]
     values = {
         "version": __version__,
-        "sources": " ".join(m.sources),
-        "source_path": m.main_path,
+        "sources": _one_line(" ".join(m.sources)),
+        "source_path": _one_line(m.main_path),
         "unit": unit,
         "name": m.name,
         "interval": format_seconds(live.interval),

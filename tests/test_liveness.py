@@ -298,6 +298,8 @@ def test_hang_restart_then_cap(health: Health, tmp_path: Path, journal,
     state = json.loads((tmp_path / "m.liveness.json").read_text())
     assert state["restarts_total"] == 1 and state["consecutive_failures"] == 0
     assert metrics.load_state("m.service")["liveness_restarts_total"] == 1
+    assert 'infer_units_liveness_restarts_total{unit="m.service"} 1\n' in \
+        metrics.render_textfile()
 
     # The restarted server hangs again: the cap stops it, marked for ExecStopPost.
     systemd.model = lv.ModelState("active", "running", "dd" * 16, "")

@@ -348,6 +348,9 @@ def run_probe(cfg: Config, systemd: Any, directory: str | None = None,
     marker = cap_marker(_name(cfg.unit), directory or state_dir())
     if action == OK and os.path.lexists(marker):
         os.unlink(marker)       # left by a cap whose stop did not run its ExecStopPost
+    if action == OK and before[0]:
+        _say(NOTICE, f"{cfg.unit}: health probe passed again after {before[0]} failed "
+             f"({answer.text} in {answer.seconds:.1f}s)")
     if action == COUNT:
         _say(NOTICE, f"{cfg.unit}: health probe {state['consecutive_failures']}/"
              f"{cfg.failures} failed: {answer.text}")

@@ -319,6 +319,12 @@ def test_hang_restart_then_cap(health: Health, tmp_path: Path, journal,
     health.mode = "ok"
     assert lv.run_probe(cfg, systemd, str(tmp_path)) == lv.OK
     assert not (tmp_path / "m.liveness-cap").exists()
+    health.mode = "503"
+    assert lv.run_probe(cfg, systemd, str(tmp_path)) == lv.COUNT
+    health.mode = "ok"
+    capsys.readouterr()
+    assert lv.run_probe(cfg, systemd, str(tmp_path)) == lv.OK
+    assert "<5>m.service: health probe passed again after 1 failed" in capsys.readouterr().out
     assert metrics.load_state("m.service")["liveness_capped"] == 0
 
 

@@ -33,7 +33,7 @@ def make_models(base: str, count: int = 64) -> list[str]:
         f.write('[nccl]\np2p = "off"\nsocket-ifname = "eth0"\n')
     for i in range(count):
         engine = ENGINES[i % len(ENGINES)]
-        body = [f'engine = "{engine}"', f"gpus = [{i}]", f"port = {9000 + i}"]
+        body = [f'engine = "{engine}"', f"gpus = [{i}]", f"port = {9000 + 4 * i}"]
         if engine == "command":
             body.append(f'command = ["/opt/srv/bin/serve", "--id", "{i}", "100% $HOME"]')
         else:
@@ -61,12 +61,17 @@ def main() -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--runs", type=int, default=40)
     p.add_argument("--python", default="/usr/bin/python3")
+    p.add_argument("--liveness-off", action="store_true",
+                   help='[liveness] interval = "0" host-wide: the model units only')
     args = p.parse_args()
     # Generators write to /run/systemd/generator, a tmpfs: so does the benchmark.
     shm = "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
     work = tempfile.mkdtemp(prefix="iu-bench-", dir=shm)
     try:
         dirs = make_models(work)
+        if args.liveness_off:
+            with open(os.path.join(dirs[0], "defaults.toml.d", "20-liveness.toml"), "w") as f:
+                f.write('[liveness]\ninterval = "0"\n')
         out = os.path.join(work, "out")
         env = dict(os.environ, INFER_UNITS_CONFIG_PATH=":".join(dirs),
                    SYSTEMD_LOG_TARGET="console")
@@ -88,7 +93,8 @@ def main() -> int:
             if "fstab (C)" in runs:
                 fs = os.path.join(work, "fstab-out"); shutil.rmtree(fs, ignore_errors=True); os.makedirs(fs)
                 runs["fstab (C)"].append(timed([fstab, fs, fs, fs], dict(env, SYSTEMD_LOG_LEVEL="emerg")))
-        units = [n for n in os.listdir(out) if n.endswith(".service")]
+        units = [n for n in os.listdir(out)      # the models' own units, not liveness probes
+                 if n.endswith(".service") and not n.endswith("-liveness.service")]
         assert len(units) == 64, f"generated {len(units)} units, expected 64"
         shutil.rmtree(out); os.makedirs(out)
         logged = subprocess.run(gen, env=env, check=True, capture_output=True, text=True).stderr

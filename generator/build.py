@@ -70,19 +70,23 @@ def load_all(names: list[str] | None = None, dirs: list[str] | None = None) -> L
     return loaded
 
 
-def render_checked(model: Model) -> RenderedUnit:
-    """render(), with every failure (and any unit text systemd would read
-    differently from what we meant) as a ConfigError naming the model file."""
+def render_checked(model: Model) -> list[RenderedUnit]:
+    """Every file of a model, its unit first, then its companions ([liveness]
+    timer, probe and drop-in), with every failure (and any text systemd would
+    read differently from what we meant) as a ConfigError naming the model file."""
+    from .liveness import companions
     from .render import render
     from .systemd_quote import unit_text_problem
     try:
-        unit = render(model)
+        units = [render(model), *companions(model)]
     except Exception as e:          # noqa: BLE001
         raise as_config_error(model.main_path, e) from None
-    problem = unit_text_problem(unit.text)
-    if problem:
-        raise ConfigError(model.main_path, None, f"the unit {problem}; refused")
-    return unit
+    for i, unit in enumerate(units):
+        problem = unit_text_problem(unit.text)
+        if problem:
+            what = "the unit" if i == 0 else unit.name
+            raise ConfigError(model.main_path, None, f"{what} {problem}; refused")
+    return units
 
 
 def _name_of(path: str) -> str:

@@ -57,6 +57,10 @@ def write_file(path: str, text: str) -> None:
 
 
 def write_unit(out_dir: str, unit: RenderedUnit) -> None:
+    """The unit, in its directory (a drop-in: NAME.service.d/), and its links."""
+    parent = os.path.dirname(unit.name)
+    if parent:
+        os.makedirs(os.path.join(out_dir, parent), exist_ok=True)
     write_file(os.path.join(out_dir, unit.name), unit.text)
     for link_dir in unit.links:
         full = os.path.join(out_dir, link_dir)
@@ -96,12 +100,13 @@ def main(argv: list[str] | None = None) -> int:
         log.error(f"{conflict} (both generated; the start hook refuses to take a busy GPU)")
     for model in loaded.models:
         try:
-            unit = render_checked(model)
+            units = render_checked(model)
         except Exception as e:      # noqa: BLE001
             log.error(f"{as_config_error(model.main_path, e)} (no unit generated)")
             continue
         try:
-            write_unit(out_dir, unit)
+            for unit in units:
+                write_unit(out_dir, unit)
             log.debug(f"{model.main_path}: wrote {model.unit_name}")
         except Exception as e:      # noqa: BLE001
             reason = e.strerror if isinstance(e, OSError) and e.strerror else str(e)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from .engines import ENGINE_SPECS, TEARDOWN_S, env_name, flag_value
 from .errors import ConfigError
+from .liveness import Liveness, build_liveness
 from .loader import MergedConfig
 from .nodes import Nodes, build_nodes
 from .settings import (BUILTIN_IGNORE, BY_KEY, FIXED_TABLES, is_env_name, is_pci, no_control,
@@ -54,6 +55,7 @@ class Model:
     unit_directives: dict[str, list[str]]
     service_directives: dict[str, list[str]]
     install_directives: dict[str, list[str]]
+    liveness: Liveness | None       # [liveness]; None: off (interval = "0")
 
     def __init__(self, **fields: Any) -> None:
         missing = set(self.__annotations__) - set(fields)
@@ -181,6 +183,7 @@ def build_model(merged: MergedConfig) -> Model:
         unit_directives=values["unit"],
         service_directives=values["service"],
         install_directives=values["install"],
+        liveness=build_liveness(values, merged, _probe_timeout(values, spec)),
     )
 
 

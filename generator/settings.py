@@ -429,11 +429,23 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("service", check_directives, {}, "Raw [Service] directives (they win over ours)."),
     Setting("install", check_directives, {},
             "[Install]: WantedBy=/RequiredBy= become .wants/.requires links."),
+    Setting("liveness.interval", check_duration, 30.0,
+            "Time between health probes once the unit is active; \"0\" turns liveness off."),
+    Setting("liveness.failures", check_positive_int, 4,
+            "Consecutive failed probes after which systemd restarts the unit."),
+    Setting("liveness.timeout", check_duration, None,
+            "How long one probe may take (a slower or non-2xx answer fails it); default: "
+            "[ready] probe-timeout (per engine: SGLang 30s, others 10s)."),
+    Setting("liveness.max-restarts", check_int, 3,
+            "Liveness restarts allowed within restart-window; one more hang and the unit is "
+            "stopped and left failed."),
+    Setting("liveness.restart-window", check_duration, 21600.0,
+            "The window max-restarts counts in."),
 )
 
 BY_KEY: dict[str, Setting] = {s.key: s for s in SETTINGS}
 # Tables whose own keys are fixed (others are free-form: env, unit, service, install).
-FIXED_TABLES = ("reap", "ready", "stop", "nodes")
+FIXED_TABLES = ("reap", "ready", "stop", "nodes", "liveness")
 
 
 def reference_markdown() -> str:

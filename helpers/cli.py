@@ -73,19 +73,21 @@ def render(names: tuple[str, ...], output: str | None) -> None:
     failed = False
     for model in loaded.models:
         try:
-            unit = render_checked(model)
+            units = render_checked(model)       # the unit, then its [liveness] companions
             if output:
-                write_unit(output, unit)
+                for unit in units:
+                    write_unit(output, unit)
         except (ConfigError, OSError) as e:
             what = e if isinstance(e, ConfigError) else f"{model.main_path}: cannot write: {e.strerror}"
             click.echo(f"error: {what}", err=True)
             failed = True
             continue
-        if output:
-            click.echo(os.path.join(output, unit.name))
-        else:
-            click.echo(f"# {unit.name}" + (f" (linked from {', '.join(unit.links)})" if unit.links else ""))
-            click.echo(unit.text)
+        for unit in units:
+            if output:
+                click.echo(os.path.join(output, unit.name))
+            else:
+                click.echo(f"# {unit.name}" + (f" (linked from {', '.join(unit.links)})" if unit.links else ""))
+                click.echo(unit.text)
     if loaded.errors or missing or failed:
         sys.exit(CONFIG_ERROR)
 

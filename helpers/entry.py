@@ -15,6 +15,9 @@ def _run() -> None:
     if argv and argv[0] in ("pre-start", "wait-ready", "wait-free"):
         from .hooks import run
         sys.exit(run(argv))
+    if argv and argv[0] == "liveness-probe":      # run by <name>-liveness.service
+        from .liveness import main as liveness_main
+        sys.exit(liveness_main(argv[1:]))
     from .cli import main as cli_main
     cli_main()
 

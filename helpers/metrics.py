@@ -80,12 +80,22 @@ def record_p2p(unit: str | None, verdict: Any) -> None:
             {})
 
 
+def record_liveness(unit: str | None, state: dict[str, Any], restarted: bool) -> None:
+    """After a liveness probe that changed something (helpers/liveness.py)."""
+    _update(unit, {"liveness_consecutive_failures": state.get("consecutive_failures", 0),
+                   "liveness_capped": 1 if state.get("capped") else 0},
+            {"liveness_restarts_total": 1 if restarted else 0})
+
+
 _METRICS = (
     ("reaps_total", "counter", "Reaps run by the start hook."),
     ("processes_killed_total", "counter", "Processes signalled by the reaper."),
     ("last_reap_seconds", "gauge", "Seconds the last reap took until the GPUs were free."),
     ("last_free_seconds", "gauge", "Seconds after stop until the GPUs were free."),
     ("p2p_ok", "gauge", "1 if the last P2P self-test passed, 0 if P2P was disabled."),
+    ("liveness_restarts_total", "counter", "Restarts by liveness (failed health probes)."),
+    ("liveness_consecutive_failures", "gauge", "Health probes failed in a row (liveness)."),
+    ("liveness_capped", "gauge", "1 if liveness stopped the unit at its restart cap."),
 )
 
 

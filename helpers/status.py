@@ -11,6 +11,7 @@ from ..generator.model import Model
 from ..generator.render import health_url
 from .attribution import attribute
 from .gpus import GpuError, backend, select
+from .liveness import cell as liveness_cell, view as liveness_view
 from .metrics import load_state
 from .ready import probe
 from .systemd import SystemdUnavailable, unit_state
@@ -74,6 +75,7 @@ def model_status(model: Model) -> dict[str, Any]:
     entry["metrics"] = load_state(model.unit_name)
     if model.nodes is not None:
         entry["nodes"] = _nodes_view(model, entry)
+    entry["liveness"] = liveness_view(model)
     return entry
 
 
@@ -122,7 +124,8 @@ def _age(seconds: float | None) -> str:
 
 
 def table(report: dict[str, Any]) -> str:
-    rows = [("MODEL", "STATE", "PID", "SINCE", "RESTARTS", "GPUS", "MEM MiB", "PORT", "HEALTH")]
+    rows = [("MODEL", "STATE", "PID", "SINCE", "RESTARTS", "GPUS", "MEM MiB", "PORT", "HEALTH",
+             "LIVENESS")]
     notes: list[str] = []
     for m in report["models"]:
         sd = m["systemd"]
@@ -156,7 +159,7 @@ def table(report: dict[str, Any]) -> str:
         health = m["health"]
         answer = "-" if health is None else ("ok" if health["ok"] else health["answer"][:30])
         rows.append((m["name"], state, pid, _age(m.get("since_s")), restarts, gpus, mem,
-                     str(m["port"] or "-"), answer))
+                     str(m["port"] or "-"), answer, liveness_cell(m.get("liveness"))))
     lines = format_table(rows)
     lines += [f"error: {e}" for e in report["errors"]] + [f"note: {n}" for n in notes]
     return "\n".join(lines)

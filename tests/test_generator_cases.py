@@ -21,6 +21,10 @@ Assertions (apply to the unit of the file they stand in):
   assert-error KEY TEXT           no unit; one log line names file, key, TEXT
   assert-conflict KEY TEXT        unit generated; a log line names file, key, TEXT
   assert-no-unit NAME
+  assert-other FILE SECTION KEY VALUE      last value of KEY in another generated file
+                                           (the liveness timer, probe, drop-in)
+  assert-other-exec FILE DIRECTIVE N WORD...
+  assert-no-file FILE                      nothing generated under that name
 """
 
 from __future__ import annotations
@@ -127,6 +131,23 @@ def test_case(case: str, tmp_path: Path) -> None:
             continue
         if verb == "assert-no-unit":
             assert not (out / f"{args[0]}.service").exists(), where
+            continue
+        if verb == "assert-no-file":
+            assert not (out / args[0]).exists(), where
+            continue
+        if verb in ("assert-other", "assert-other-exec"):
+            other = out / args[0]
+            assert other.is_file(), f"{where}: not generated; log: {log}"
+            text = other.read_text(encoding="utf-8")
+            if verb == "assert-other":
+                _name, section, key, *value = args
+                assert values(text, section, key)[-1:] == [" ".join(value)], \
+                    f"{where}: got {values(text, section, key)}"
+            else:
+                _name, directive, index, *argv = args
+                section = "Service" if directive.startswith("Exec") else "Timer"
+                lines = values(text, section, directive)
+                assert exec_argv(lines[int(index)]) == argv, f"{where}: got {lines}"
             continue
         if verb == "assert-conflict":
             key, reason = args

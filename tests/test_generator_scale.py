@@ -27,7 +27,7 @@ def test_twenty_thousand_env_keys_merge_in_well_under_a_second(tmp_path: Path) -
     etc = write_tree(tmp_path, 20_000)
     started = time.perf_counter()
     loaded = load_all(dirs=[str(etc)])
-    unit = render_checked(loaded.models[0])
+    unit = render_checked(loaded.models[0])[0]
     elapsed = time.perf_counter() - started
     assert not loaded.errors
     assert loaded.models[0].env["K19999"] == "model 19999"

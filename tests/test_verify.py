@@ -1,4 +1,5 @@
-"""Every unit the generator writes for the fixtures passes `systemd-analyze verify`.
+"""Every unit the generator writes for the fixtures (services, liveness timers,
+drop-ins) passes `systemd-analyze verify`.
 
 verify checks that executables exist, so it runs against a root (--root) that
 holds a copy of this host's systemd units and an executable stub for every
@@ -36,23 +37,32 @@ def verify_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root
 
 
-def verify(verify_root: Path, units: list[Path]) -> subprocess.CompletedProcess[str]:
+def verify(verify_root: Path, units: list[Path], out: Path | None = None,
+           ) -> subprocess.CompletedProcess[str]:
     """systemd-analyze verify on these units in one call (it is slow to start),
-    with a stub for every program they run."""
+    with a stub for every program they run; with `out`, the generator's whole
+    output goes in (drop-ins X.service.d/*.conf and links with the units)."""
     system = verify_root / "etc/systemd/system"
     shutil.rmtree(system, ignore_errors=True)
-    system.mkdir(parents=True)
-    for unit in units:
-        shutil.copy(unit, system / unit.name)
-        for key, value in parse_unit(unit.read_text())["Service"]:
+    if out is not None:
+        shutil.copytree(out, system, symlinks=True)
+        files = [*units, *out.glob("*.service.d/*.conf")]
+    else:
+        system.mkdir(parents=True)
+        for unit in units:
+            shutil.copy(unit, system / unit.name)
+        files = list(units)
+    for unit in files:
+        for key, value in parse_unit(unit.read_text()).get("Service", []):
             if key.startswith("Exec"):
                 _stub(verify_root, exec_argv(value)[0])
     return subprocess.run([ANALYZE, "verify", "--man=no", f"--root={verify_root}",
                            *[u.name for u in units]], capture_output=True, text=True, timeout=300)
 
 
-def assert_verify_clean(verify_root: Path, units: list[Path], what: str) -> None:
-    done = verify(verify_root, units)
+def assert_verify_clean(verify_root: Path, units: list[Path], what: str,
+                        out: Path | None = None) -> None:
+    done = verify(verify_root, units, out)
     # verify exits 0 on "Failed to parse ..., ignoring" warnings: any output fails the test.
     assert done.returncode == 0 and not done.stderr.strip() and not done.stdout.strip(), \
         f"{what}:\n{done.stdout}{done.stderr}"
@@ -63,9 +73,10 @@ def test_systemd_analyze_verify(case: str, tmp_path: Path, verify_root: Path) ->
     _root, dirs = prepare(case, tmp_path)
     out = tmp_path / "out"
     assert run_generator(out, ":".join(dirs)).returncode == 0
-    units = sorted(out.glob("*.service"))
+    # Services, the liveness timers, and drop-ins (X.service.d/*.conf) with them.
+    units = sorted([*out.glob("*.service"), *out.glob("*.timer")])
     assert units, f"{case}: nothing generated"
-    assert_verify_clean(verify_root, units, case)
+    assert_verify_clean(verify_root, units, case, out)
 
 
 def test_hostile_but_accepted_corpus_passes_verify(tmp_path: Path, verify_root: Path) -> None:
@@ -81,8 +92,9 @@ def test_hostile_but_accepted_corpus_passes_verify(tmp_path: Path, verify_root: 
     done = run_generator(out, str(etc), **{k: v for k, v in env_for(etc, units).items()
                                            if k == "INFER_UNITS_UNIT_PATH"})
     assert done.returncode == 0 and done.stderr == ""
-    generated = sorted(out.glob("*.service"))
-    assert len(generated) == 5
+    generated = sorted([*out.glob("*.service"), *out.glob("*.timer")])
+    assert len([u for u in generated if u.suffix == ".service"
+                and "-liveness." not in u.name]) == 5
     assert values((out / "good.service").read_text(), "Unit", "SourcePath") == \
         [f"{etc}/good.toml".replace("%", "%%")]
-    assert_verify_clean(verify_root, generated, "hostile-but-accepted corpus")
+    assert_verify_clean(verify_root, generated, "hostile-but-accepted corpus", out)

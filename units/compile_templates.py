@@ -24,7 +24,8 @@ OUTPUT = os.path.join(HERE, "compiled.py")
 
 
 def _template_names() -> list[str]:
-    names = ["service"]
+    names = ["service"] + sorted(f[:-3] for f in os.listdir(HERE)
+                                 if f.endswith(".j2") and f != "service.j2")   # liveness-*
     engines = os.path.join(HERE, "engines")
     names += sorted("engines/" + f[:-3] for f in os.listdir(engines) if f.endswith(".j2"))
     return names

@@ -5,8 +5,13 @@ versions these were read in).  The personality comes from the name it runs
 under:
 
   fake-engine --port P [--load S] [--crash-after S] [--workers N] [--record F] [--notify]
+              [--hang-file F]
       engine = "command": holds its GPUs with N workers (one ignores SIGTERM),
-      loads, then answers /health 200.
+      loads, then answers /health 200 (after FAKE_HEALTH_S).  It hangs with
+      its process alive (liveness tests) FAKE_HANG_AFTER_S after becoming
+      ready, or at the first /health once F exists (F is removed: the next
+      process is healthy): /health then never answers, or answers 503 when
+      FAKE_HANG_MODE=503 (or F holds "503").
   fake-python -m sglang.launch_server --model-path M --tp-size N --host H --port P ...
       SGLang: the HTTP server starts only once the schedulers are ready; /health
       answers 503 while warming up and while shutting down, otherwise sleeps
@@ -260,6 +265,7 @@ def generic(argv: list[str]) -> int:
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--record", default=None)
     p.add_argument("--notify", action="store_true")
+    p.add_argument("--hang-file", default=None)
     args, _extra = p.parse_known_args(argv)
     record(args.record)
     files = gpu_files()
@@ -273,8 +279,7 @@ def generic(argv: list[str]) -> int:
             return 7
         if stop.wait(0.05):
             return 0
-    server = Server(args.host, args.port, lambda path: (200, "ok\n") if path == "/health"
-                    else (404, "no\n"))
+    server = Server(args.host, args.port, _generic_health(args.hang_file))
     say("engine", f"serving on {args.host}:{args.port} with {len(held)} GPU file(s)")
     if args.notify:
         notify("READY=1")
@@ -282,6 +287,34 @@ def generic(argv: list[str]) -> int:
     time.sleep(0.1)     # drain; the workers are left to systemd's KillMode=mixed
     server.httpd.shutdown()
     return 0
+
+
+def _generic_health(hang_file: str | None):
+    """/health for fake-engine: slow (FAKE_HEALTH_S), or hung while the process lives."""
+    health_s = env_float("FAKE_HEALTH_S", 0.0)
+    hang_after = os.environ.get("FAKE_HANG_AFTER_S")
+    state = {"hung": None, "at": time.monotonic() + float(hang_after) if hang_after else None}
+
+    def answer(path: str):
+        if path != "/health":
+            return 404, "no\n"
+        if state["hung"] is None and hang_file and os.path.exists(hang_file):
+            with open(hang_file) as f:
+                state["hung"] = f.read().strip() or "silent"
+            os.unlink(hang_file)
+            say("engine", f"hanging ({state['hung']}), process alive")
+        if state["hung"] is None and state["at"] is not None and time.monotonic() >= state["at"]:
+            state["hung"] = os.environ.get("FAKE_HANG_MODE", "silent")
+            say("engine", f"hanging ({state['hung']}) after {hang_after}s, process alive")
+        if state["hung"] == "503":
+            return 503, "wedged\n"
+        if state["hung"] is not None:
+            while True:               # like a deadlocked scheduler: no answer ever
+                time.sleep(3600)
+        time.sleep(health_s)
+        return 200, "ok\n"
+
+    return answer
 
 
 # ------------------------------------------------------------------ sglang

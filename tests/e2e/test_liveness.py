@@ -1,0 +1,243 @@
+"""Liveness under real systemd: fake engines that hang with their process
+alive (no answer, or 503), answer slowly, load for long, or hang on every
+start; the companion timer and probe restart them through systemd, never
+while loading, never after an operator's stop, and at most the cap.
+
+Short settings keep this quick: probes every 1 s, 2 failures, 1 s timeout."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+
+from e2e_support import add_model, model_toml, show
+
+pytestmark = pytest.mark.e2e
+
+INTERVAL, FAILURES, TIMEOUT = 1.0, 2, 1.0
+
+
+def liveness_model(name: str, gpus: list[int], port: int, extra_args: list[str] | None = None,
+                   env: dict[str, str] | None = None, load: float = 0.5, failures: int = FAILURES,
+                   timeout: float = TIMEOUT, max_restarts: int = 3) -> str:
+    return model_toml(name, gpus, port, extra_args, env=env, load=load) + (
+        f'\n[liveness]\ninterval = "{INTERVAL:g}s"\nfailures = {failures}\n'
+        f'timeout = "{timeout:g}s"\nmax-restarts = {max_restarts}\nrestart-window = "1h"\n')
+
+
+def state(box, name: str) -> dict:
+    out = box.sh(f"cat /run/infer-units/{name}.liveness.json 2>/dev/null || echo '{{}}'").stdout
+    return json.loads(out)
+
+
+def unit(box, name: str) -> dict[str, str]:
+    return show(box, f"{name}.service", "ActiveState", "SubState", "InvocationID", "MainPID",
+                "NRestarts", "Result")
+
+
+def wait(predicate, timeout: float, step: float = 0.2) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(step)
+    return predicate()
+
+
+def healthy(box, port: int) -> bool:
+    done = box.sh(f"python3 -c \"import urllib.request as u; "
+                  f"print(u.urlopen('http://127.0.0.1:{port}/health', timeout=2).status)\"",
+                  check=False)
+    return done.stdout.strip() == "200"
+
+
+def timer_state(box, name: str) -> str:
+    return show(box, f"{name}-liveness.timer", "ActiveState")["ActiveState"]
+
+
+def start(box, name: str, *flags: str) -> None:
+    done = box.sh(f"systemctl start {' '.join(flags)} {name}", check=False)
+    assert done.returncode == 0, done.stderr + box.journal(f"{name}.service")[-3000:]
+
+
+def hang(box, name: str, how: str) -> None:
+    """The fake engine hangs at its next /health (the container's /run is its own tmpfs)."""
+    box.sh(f"printf '%s' '{how}' > /run/{name}.hang")
+
+
+# A liveness restart: both probes fail (each up to the timeout), the timer's
+# gaps, the interpreter starting per probe, then the stop and a start (load).
+def restart_bound(load: float) -> float:
+    return FAILURES * (INTERVAL + TIMEOUT) + load + 8.0
+
+
+def _hang_and_come_back(box, name: str, port: int, how: str, restarts_before: int) -> float:
+    before = unit(box, name)
+    started = time.monotonic()
+    hang(box, name, how)
+    assert wait(lambda: unit(box, name)["InvocationID"] != before["InvocationID"]
+                and unit(box, name)["ActiveState"] == "active", restart_bound(0.5) + 10), \
+        (unit(box, name), state(box, name), box.journal(name + ".service")[-3000:])
+    took = time.monotonic() - started
+    assert healthy(box, port)
+    after = unit(box, name)
+    assert after["MainPID"] != before["MainPID"]
+    assert state(box, name)["restarts_total"] == restarts_before + 1
+    return took
+
+
+def test_hang_after_ready_is_restarted_and_healthy_again(box) -> None:
+    name, port = "lv-hang", 18201
+    add_model(box, name, liveness_model(name, [0], port, ["--hang-file", f"/run/{name}.hang"],
+                                        max_restarts=5))
+    box.sh("systemctl daemon-reload")
+    start(box, name)
+    assert wait(lambda: timer_state(box, name) == "active", 5)
+    assert wait(lambda: state(box, name).get("last_probe", {}).get("ok") is True, 10)
+    # The timer and its schedule survive a daemon-reload.
+    box.sh("systemctl daemon-reload")
+    assert timer_state(box, name) == "active"
+    probed = state(box, name)["last_probe"]["time"]
+    assert wait(lambda: state(box, name)["last_probe"]["time"] > probed, 5)
+
+    took = _hang_and_come_back(box, name, port, "", 0)          # no answer at all
+    log = box.journal(f"{name}.service")
+    line = [l for l in log.splitlines() if l.startswith(f"liveness: restarting {name}.service")]
+    assert len(line) == 1, log[-3000:]
+    assert "2 health probes in a row failed" in line[0] and "no answer within 1s" in line[0]
+    assert took < restart_bound(0.5), f"restarted after {took:.1f}s"
+
+    took_503 = _hang_and_come_back(box, name, port, "503", 1)   # answers, but 503
+    log = box.journal(f"{name}.service")
+    assert "last answers: HTTP 503; HTTP 503" in log
+    assert took_503 < restart_bound(0.5), f"restarted after {took_503:.1f}s"
+    print(f"liveness restart after a hang: {took:.1f}s (no answer), {took_503:.1f}s (503)")
+
+    # Healthy again: no further restart, and status says what happened.
+    time.sleep(3 * INTERVAL)
+    assert state(box, name)["restarts_total"] == 2
+    out = box.sh(f"INFER_UNITS_FAKE_GPUS=/etc/infer-units/fakegpus.json "
+                 f"infer-units status --json {name}").stdout
+    [m] = json.loads(out)["models"]
+    live = m["liveness"]
+    assert live["restarts_total"] == 2 and live["consecutive_failures"] == 0
+    assert live["last_probe"]["ok"] and live["last_restart"]["why"].endswith(
+        f"http://127.0.0.1:{port}/health")
+    table = box.sh("INFER_UNITS_FAKE_GPUS=/etc/infer-units/fakegpus.json "
+                   f"infer-units status {name}").stdout
+    assert "LIVENESS" in table and "2 restarts" in table
+    prom = box.sh("cat /run/infer-units/state/lv-hang.service.json").stdout
+    assert json.loads(prom)["liveness_restarts_total"] == 2
+    box.sh(f"systemctl stop {name}")
+    assert timer_state(box, name) == "inactive"
+
+
+def test_slow_answers_within_the_timeout_are_never_restarted(box) -> None:
+    name, port = "lv-slow", 18202
+    add_model(box, name, liveness_model(name, [1], port, env={"FAKE_HEALTH_S": "0.7"},
+                                        timeout=2.0))
+    box.sh("systemctl daemon-reload")
+    start(box, name)
+    first = unit(box, name)
+    # Busy clients keep /health slower still while liveness probes.
+    box.sh(f"for i in 1 2 3 4; do (for j in 1 2 3 4 5 6; do python3 -c \"import urllib.request "
+           f"as u; u.urlopen('http://127.0.0.1:{port}/health', timeout=5)\"; done) & done; wait",
+           timeout=120)
+    time.sleep(2)
+    s = state(box, name)
+    assert s["last_probe"]["ok"] and s["last_probe"]["seconds"] >= 0.7
+    assert s.get("restarts_total", 0) == 0 and s["consecutive_failures"] == 0
+    assert unit(box, name)["InvocationID"] == first["InvocationID"]
+    # Healthy probes leave nothing in the journal (LogLevelMax=notice).
+    probe_log = box.sh(f"journalctl -u {name}-liveness.service -o cat --no-pager").stdout
+    assert "Starting" not in probe_log and "Finished" not in probe_log, probe_log[-2000:]
+    box.sh(f"systemctl stop {name}")
+
+
+def test_long_loads_are_never_probed(box) -> None:
+    name, port = "lv-load", 18203
+    load = 2 * FAILURES * (INTERVAL + TIMEOUT)       # twice what a hang takes to detect
+    add_model(box, name, liveness_model(name, [2], port, load=load))
+    box.sh("systemctl daemon-reload")
+    start(box, name, "--no-block")
+    time.sleep(2)
+    assert unit(box, name)["ActiveState"] == "activating"
+    assert timer_state(box, name) == "inactive", "the timer runs while the model loads"
+    assert wait(lambda: unit(box, name)["ActiveState"] == "active", load + 30)
+    first = unit(box, name)
+    assert wait(lambda: state(box, name).get("last_probe", {}).get("ok") is True, 10)
+    # A crash: systemd's own Restart= reloads it; liveness must not count the reload.
+    box.sh(f"kill -KILL {first['MainPID']}")
+    assert wait(lambda: unit(box, name)["NRestarts"] == "1", 15)
+    assert wait(lambda: unit(box, name)["ActiveState"] == "active", load + 30)
+    time.sleep(2 * INTERVAL)
+    s = state(box, name)
+    assert s.get("restarts_total", 0) == 0, s
+    assert unit(box, name)["NRestarts"] == "1"
+    assert "liveness: restarting" not in box.journal(f"{name}.service")
+    box.sh(f"systemctl stop {name}")
+
+
+def test_operator_stop_while_failures_count_is_never_undone(box) -> None:
+    name, port = "lv-stop", 18204
+    add_model(box, name, liveness_model(name, [3], port, ["--hang-file", f"/run/{name}.hang"],
+                                        failures=3))
+    box.sh("systemctl daemon-reload")
+    start(box, name)
+    hang(box, name, "")
+    assert wait(lambda: state(box, name).get("consecutive_failures", 0) >= 1, 15)
+    box.sh(f"systemctl stop {name}")
+    time.sleep(3 * (INTERVAL + TIMEOUT) + 2)
+    u = unit(box, name)
+    assert u["ActiveState"] == "inactive", u
+    assert timer_state(box, name) == "inactive"
+    assert state(box, name).get("restarts_total", 0) == 0
+    assert "liveness: restarting" not in box.journal(f"{name}.service")
+    # Nor does the timer start a stopped model on its own (Requisite=).
+    assert box.sh(f"systemctl start {name}-liveness.timer", check=False).returncode != 0
+    assert unit(box, name)["ActiveState"] == "inactive"
+
+
+def test_hang_on_every_start_is_capped_and_left_failed(box) -> None:
+    name, port = "lv-cap", 18205
+    add_model(box, name, liveness_model(name, [4], port, env={"FAKE_HANG_AFTER_S": "0.3"},
+                                        load=0.3, max_restarts=2))
+    box.sh("systemctl daemon-reload")
+    started = time.monotonic()
+    start(box, name)
+    assert wait(lambda: unit(box, name)["ActiveState"] == "failed", 3 * restart_bound(0.3) + 20), \
+        (unit(box, name), box.journal(name + ".service")[-3000:])
+    took = time.monotonic() - started
+    log = box.journal(f"{name}.service")
+    assert log.count(f"liveness: restarting {name}.service") == 2, log[-4000:]
+    cap = [l for l in log.splitlines()
+           if l.startswith(f"liveness: stopping {name}.service and leaving it failed")]
+    assert len(cap) == 1 and "2 liveness restarts within 1h is the cap" in cap[0]
+    assert f"systemctl start {name}.service" in cap[0]
+    u = unit(box, name)
+    assert u["Result"] == "exit-code", u
+    time.sleep(3)        # RestartSec is 1 s: Restart= must not bring it back
+    assert unit(box, name)["ActiveState"] == "failed"
+    assert timer_state(box, name) == "inactive"
+    out = box.sh("INFER_UNITS_FAKE_GPUS=/etc/infer-units/fakegpus.json "
+                 f"infer-units status --json {name}").stdout
+    assert json.loads(out)["models"][0]["liveness"]["capped"]
+    print(f"hang on every start: capped after 2 liveness restarts in {took:.1f}s")
+    # The operator's start still works, with no reset-failed needed, and
+    # liveness watches it again with a whole budget.
+    start(box, name)
+    assert unit(box, name)["ActiveState"] == "active"
+    assert wait(lambda: timer_state(box, name) == "active", 5)
+    box.sh(f"systemctl stop {name}")
+    assert unit(box, name)["ActiveState"] == "inactive"
+
+
+def test_interval_zero_turns_liveness_off(box) -> None:
+    name = "lv-off"
+    add_model(box, name, model_toml(name, [5], 18206) + '\n[liveness]\ninterval = "0"\n')
+    box.sh("systemctl daemon-reload")
+    assert box.sh(f"test -e /run/systemd/generator/{name}-liveness.timer",
+                  check=False).returncode != 0
+    assert show(box, f"{name}.service", "Wants")["Wants"].find("liveness") < 0

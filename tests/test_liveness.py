@@ -1,0 +1,419 @@
+"""Liveness: the probe against a real local HTTP server, the decision over a
+sequence of probes, one probe run end to end with its state file, journal
+entry (a real datagram socket) and metrics, the cap's ExecStopPost script
+run by a real shell, and the status view.
+
+systemd itself is the boundary here: a recording stand-in answers the model's
+state and takes the restart/stop jobs (tests/e2e/test_liveness.py drives the
+real one)."""
+
+from __future__ import annotations
+
+import http.server
+import json
+import os
+import socket
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from infer_units.generator.liveness import companions
+from infer_units.helpers import liveness as lv
+from infer_units.helpers import metrics
+from support import base_env, run_cli
+from unitfile import exec_argv, values
+
+
+class Health:
+    """A real HTTP server whose /health does what the test says."""
+
+    def __init__(self) -> None:
+        self.mode = "ok"          # ok | 503 | hang | slow | close
+        self.delay = 0.0
+        self.requests = 0
+        outer = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self) -> None:  # noqa: N802
+                outer.requests += 1
+                if outer.mode == "hang":
+                    time.sleep(30)
+                    return
+                if outer.mode == "close":
+                    self.close_connection = True
+                    return
+                time.sleep(outer.delay)
+                if outer.mode == "redirect" and self.path == "/health":
+                    self.send_response(302)
+                    self.send_header("Location", "/health/ok")
+                    self.send_header("Content-Length", "0")
+                    self.end_headers()
+                    return
+                code = 503 if outer.mode == "503" else 200
+                self.send_response(code)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.httpd.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/health"
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+@pytest.fixture
+def health():
+    server = Health()
+    yield server
+    server.close()
+
+
+# ------------------------------------------------------------------ the probe
+
+def test_probe_answers(health: Health) -> None:
+    answer = lv.http_probe(health.url, 2.0)
+    assert answer.ok and answer.text == "HTTP 200"
+    health.mode = "503"
+    answer = lv.http_probe(health.url, 2.0)
+    assert not answer.ok and answer.text == "HTTP 503"
+    health.mode = "close"
+    assert not lv.http_probe(health.url, 2.0).ok
+
+
+def test_redirects_are_followed_as_readiness_follows_them(health: Health) -> None:
+    health.mode = "redirect"
+    answer = lv.http_probe(health.url, 2.0)
+    assert answer.ok and answer.text == "HTTP 200" and health.requests == 3   # 302, 302, 200
+
+
+def test_slow_answer_within_timeout_is_healthy(health: Health) -> None:
+    health.delay = 0.4
+    answer = lv.http_probe(health.url, 1.0)
+    assert answer.ok and answer.seconds >= 0.4
+
+
+def test_no_answer_fails_at_the_timeout(health: Health) -> None:
+    health.mode = "hang"
+    started = time.monotonic()
+    answer = lv.http_probe(health.url, 0.3)
+    elapsed = time.monotonic() - started
+    assert not answer.ok and answer.text == "no answer within 0.3s"
+    assert 0.28 <= elapsed < 1.5
+
+
+def test_nothing_listening() -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]     # bound, not listening: refused
+        answer = lv.http_probe(f"http://127.0.0.1:{port}/health", 1.0)
+    assert not answer.ok and "refused" in answer.text.lower()
+
+
+def test_ipv6_literal() -> None:
+    if not socket.has_ipv6:
+        pytest.skip("no IPv6")
+
+    class V6(http.server.ThreadingHTTPServer):
+        address_family = socket.AF_INET6
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802
+            self.send_response(204 if self.path == "/v1/alive" else 404)
+            self.end_headers()
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    try:
+        httpd = V6(("::1", 0), Handler)
+    except OSError:
+        pytest.skip("::1 not available")
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    try:
+        answer = lv.http_probe(f"http://[::1]:{httpd.server_address[1]}/v1/alive", 2.0)
+        assert answer.ok and answer.text == "HTTP 204"
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+
+
+# ------------------------------------------------------------------ the decision
+
+CFG = lv.Config("m.service", "http://127.0.0.1:1/health", interval=1.0, failures=3,
+                timeout=1.0, max_restarts=2, restart_window=3600.0)
+UP = lv.ModelState("active", "running", "aa" * 16, "")
+FAIL = lv.Answer(False, "HTTP 503", 0.01)
+GOOD = lv.Answer(True, "HTTP 200", 0.01)
+
+
+def test_restart_after_failures_in_a_row_only() -> None:
+    state: dict = {}
+    assert lv.decide(state, 0, FAIL, UP, CFG) == lv.COUNT
+    assert lv.decide(state, 1, FAIL, UP, CFG) == lv.COUNT
+    assert lv.decide(state, 2, GOOD, None, CFG) == lv.OK      # one good answer resets
+    assert state["consecutive_failures"] == 0
+    assert [lv.decide(state, t, FAIL, UP, CFG) for t in (3, 4, 5)] == \
+        [lv.COUNT, lv.COUNT, lv.RESTART]
+    assert state["answers"] == ["HTTP 503"] * 3
+
+
+def test_loading_stopping_or_queued_jobs_are_never_counted() -> None:
+    state: dict = {}
+    for model in (lv.ModelState("activating", "start-post", "bb" * 16, ""),
+                  lv.ModelState("deactivating", "stop-sigterm", "bb" * 16, ""),
+                  lv.ModelState("active", "running", "bb" * 16, "stop"),
+                  lv.ModelState("failed", "failed", "bb" * 16, ""), None):
+        for t in range(5):
+            assert lv.decide(state, t, FAIL, model, CFG) == lv.SKIP
+    assert state["consecutive_failures"] == 0
+    assert state["last_probe"]["skipped"] == "systemd unavailable"
+
+
+def test_a_new_invocation_starts_counting_afresh() -> None:
+    state: dict = {}
+    lv.decide(state, 0, FAIL, UP, CFG)
+    lv.decide(state, 1, FAIL, UP, CFG)
+    again = lv.ModelState("active", "running", "cc" * 16, "")
+    assert lv.decide(state, 2, FAIL, again, CFG) == lv.COUNT
+    assert state["consecutive_failures"] == 1 and state["invocation"] == "cc" * 16
+
+
+def _hang(state: dict, t: float) -> str:
+    for i in range(CFG.failures - 1):
+        assert lv.decide(state, t + i, FAIL, UP, CFG) == lv.COUNT
+    return lv.decide(state, t + CFG.failures - 1, FAIL, UP, CFG)
+
+
+def test_cap_within_the_window_then_a_fresh_budget() -> None:
+    state: dict = {}
+    assert _hang(state, 0) == lv.RESTART
+    lv.record_restart(state, 2, "why")
+    assert _hang(state, 100) == lv.RESTART
+    lv.record_restart(state, 102, "why")
+    assert _hang(state, 200) == lv.CAP            # a third hang within the hour
+    lv.record_cap(state, 202, "why")
+    assert state["capped"] and state["restarts"] == [] and state["restarts_total"] == 2
+    # Started again by hand: healthy clears the cap, the budget is whole again.
+    assert lv.decide(state, 300, GOOD, None, CFG) == lv.OK and "capped" not in state
+    assert _hang(state, 400) == lv.RESTART
+
+
+def test_restarts_older_than_the_window_do_not_count() -> None:
+    state: dict = {"restarts": [0.0, 10.0]}
+    assert _hang(state, 3600.0 + 5) == lv.RESTART   # 0.0 fell out, 10.0 is in
+    assert state["restarts"] == [10.0]
+
+
+def test_max_restarts_zero_stops_at_the_first_hang() -> None:
+    cfg = lv.Config("m.service", "u", 1.0, 1, 1.0, max_restarts=0, restart_window=60.0)
+    assert lv.decide({}, 0, FAIL, UP, cfg) == lv.CAP
+
+
+# ------------------------------------------------------------------ one probe run
+
+class RecordingSystemd:
+    """Stands in for D-Bus: the model's state and the jobs queued."""
+
+    def __init__(self, model: lv.ModelState | None = UP, refuse: str | None = None) -> None:
+        self.model = model
+        self.refuse = refuse
+        self.jobs: list[tuple[str, str]] = []
+        self.asked = 0
+
+    def model_state(self, unit: str) -> lv.ModelState | None:
+        self.asked += 1
+        return self.model
+
+    def try_restart(self, unit: str) -> str | None:
+        self.jobs.append(("try-restart", unit))
+        return self.refuse
+
+    def stop(self, unit: str) -> str | None:
+        self.jobs.append(("stop", unit))
+        return self.refuse
+
+
+@pytest.fixture
+def journal(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """A real datagram socket where the probe's journal entries land."""
+    path = tmp_path / "journal.socket"
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    sock.bind(str(path))
+    sock.settimeout(0.05)
+    monkeypatch.setenv("INFER_UNITS_JOURNAL_SOCKET", str(path))
+    monkeypatch.setattr(metrics, "STATE_DIR", str(tmp_path / "metrics-state"))
+
+    def entries() -> list[dict[str, str]]:
+        out = []
+        while True:
+            try:
+                data = sock.recv(65536).decode()
+            except socket.timeout:
+                return out
+            out.append(dict(line.split("=", 1) for line in data.splitlines()))
+
+    yield entries
+    sock.close()
+
+
+def cfg_for(url: str, **kw: object) -> lv.Config:
+    args = dict(interval=1.0, failures=2, timeout=0.5, max_restarts=1, restart_window=3600.0)
+    args.update(kw)
+    return lv.Config("m.service", url, **args)  # type: ignore[arg-type]
+
+
+def test_healthy_probe_asks_systemd_nothing(health: Health, tmp_path: Path, journal) -> None:
+    systemd = RecordingSystemd()
+    assert lv.run_probe(cfg_for(health.url), systemd, str(tmp_path)) == lv.OK
+    assert systemd.asked == 0 and systemd.jobs == []
+    state = json.loads((tmp_path / "m.liveness.json").read_text())
+    assert state["last_probe"]["ok"] and state["consecutive_failures"] == 0
+    assert journal() == []
+
+
+def test_hang_restart_then_cap(health: Health, tmp_path: Path, journal,
+                               capsys: pytest.CaptureFixture[str]) -> None:
+    health.mode = "hang"
+    systemd = RecordingSystemd()
+    cfg = cfg_for(health.url)
+    assert lv.run_probe(cfg, systemd, str(tmp_path)) == lv.COUNT
+    assert "<5>m.service: health probe 1/2 failed: no answer within 0.5s" in capsys.readouterr().out
+    assert lv.run_probe(cfg, systemd, str(tmp_path)) == lv.RESTART
+    assert systemd.jobs == [("try-restart", "m.service")]
+    [entry] = journal()
+    assert entry["OBJECT_SYSTEMD_UNIT"] == "m.service" and entry["PRIORITY"] == "4"
+    assert entry["MESSAGE"].startswith("liveness: restarting m.service: 2 health probes in a "
+                                       "row failed")
+    assert "last answers: no answer within 0.5s; no answer within 0.5s" in entry["MESSAGE"]
+    assert "liveness restart 1 of 1 within 1h" in entry["MESSAGE"]
+    state = json.loads((tmp_path / "m.liveness.json").read_text())
+    assert state["restarts_total"] == 1 and state["consecutive_failures"] == 0
+    assert metrics.load_state("m.service")["liveness_restarts_total"] == 1
+    assert 'infer_units_liveness_restarts_total{unit="m.service"} 1\n' in \
+        metrics.render_textfile()
+
+    # The restarted server hangs again: the cap stops it, marked for ExecStopPost.
+    systemd.model = lv.ModelState("active", "running", "dd" * 16, "")
+    seen: list[str] = []
+    systemd.stop = lambda unit: (seen.append((tmp_path / "m.liveness-cap").read_text()),  # type: ignore[method-assign]
+                                 None)[1]
+    assert lv.run_probe(cfg, systemd, str(tmp_path)) == lv.COUNT
+    assert lv.run_probe(cfg, systemd, str(tmp_path)) == lv.CAP
+    assert seen == ["dd" * 16]
+    [entry] = journal()
+    assert entry["PRIORITY"] == "3" and "leaving it failed" in entry["MESSAGE"]
+    assert "1 liveness restarts within 1h is the cap" in entry["MESSAGE"]
+    assert "systemctl start m.service" in entry["MESSAGE"]
+    assert metrics.load_state("m.service")["liveness_capped"] == 1
+
+    # Started by hand and healthy: the cap is lifted, a stale marker removed.
+    health.mode = "ok"
+    assert lv.run_probe(cfg, systemd, str(tmp_path)) == lv.OK
+    assert not (tmp_path / "m.liveness-cap").exists()
+    health.mode = "503"
+    assert lv.run_probe(cfg, systemd, str(tmp_path)) == lv.COUNT
+    health.mode = "ok"
+    capsys.readouterr()
+    assert lv.run_probe(cfg, systemd, str(tmp_path)) == lv.OK
+    assert "<5>m.service: health probe passed again after 1 failed" in capsys.readouterr().out
+    assert metrics.load_state("m.service")["liveness_capped"] == 0
+
+
+def test_refused_jobs_are_not_counted_and_leave_no_marker(health: Health, tmp_path: Path,
+                                                         journal) -> None:
+    health.mode = "503"
+    systemd = RecordingSystemd(refuse="Transaction for m.service/restart is destructive")
+    cfg = cfg_for(health.url, failures=1, max_restarts=0)
+    assert lv.run_probe(cfg, systemd, str(tmp_path)) == lv.CAP
+    assert systemd.jobs == [("stop", "m.service")]
+    assert not (tmp_path / "m.liveness-cap").exists()
+    state = json.loads((tmp_path / "m.liveness.json").read_text())
+    assert "capped" not in state and state["consecutive_failures"] == 1   # tried again next time
+    cfg = cfg_for(health.url, failures=1, max_restarts=1)
+    assert lv.run_probe(cfg, systemd, str(tmp_path)) == lv.RESTART
+    state = json.loads((tmp_path / "m.liveness.json").read_text())
+    assert state.get("restarts_total", 0) == 0 and journal() == []
+
+
+def test_probe_command_without_systemd(health: Health, tmp_path: Path) -> None:
+    """The real entry point: healthy, then failing with no systemd to ask."""
+    argv = ["liveness-probe", "--unit", "m", "--url", health.url, "--timeout", "1s",
+            "--failures", "1", "--state-dir", str(tmp_path)]
+    done = run_cli(*argv, env=base_env(INFER_UNITS_STATE_DIR=str(tmp_path / "m")), check=0)
+    assert done.stdout == ""
+    health.mode = "503"
+    run_cli(*argv, env=base_env(INFER_UNITS_STATE_DIR=str(tmp_path / "m")), check=0)
+    state = json.loads((tmp_path / "m.liveness.json").read_text())
+    assert state["last_probe"]["answer"] == "HTTP 503"
+    # No systemd here, or (on a systemd host) no such unit: not counted either way.
+    assert state["last_probe"]["skipped"] in ("systemd unavailable", "inactive/dead")
+    assert state["consecutive_failures"] == 0
+    assert run_cli("liveness-probe", "--unit", "m").returncode == 1
+
+
+# ------------------------------------------------------------------ the cap's ExecStopPost
+
+def _cap_argv(tmp_path: Path) -> list[str]:
+    from infer_units.generator.build import load_all
+    conf = tmp_path / "conf"
+    conf.mkdir()
+    (conf / "m.toml").write_text('engine = "vllm"\nmodel = "/m"\ngpus = [0]\nport = 8000\n'
+                                 f'[env]\nINFER_UNITS_LIVENESS_DIR = "{tmp_path}"\n')
+    [model] = load_all(dirs=[str(conf)]).models
+    dropin = [u for u in companions(model) if u.name.endswith(".conf")][0]
+    line = values(dropin.text, "Service", "ExecStopPost")[0]
+    assert line.startswith("+")
+    return exec_argv(line)
+
+
+def test_cap_stop_post_fails_only_for_the_marked_invocation(tmp_path: Path) -> None:
+    argv = _cap_argv(tmp_path)
+    marker = tmp_path / "m.liveness-cap"
+    assert argv[-1] == str(marker)
+
+    def stop_post(invocation: str) -> int:
+        return subprocess.run(argv, env={"INVOCATION_ID": invocation, "PATH": "/usr/bin:/bin"},
+                              timeout=10).returncode
+
+    assert stop_post("ee" * 16) == 0                 # an ordinary stop
+    marker.write_text("ee" * 16)
+    assert stop_post("ee" * 16) == 1 and not marker.exists()   # the cap's stop: failed
+    marker.write_text("ff" * 16)
+    assert stop_post("ee" * 16) == 0 and not marker.exists()   # stale: passes, removed
+
+
+# ------------------------------------------------------------------ status
+
+def test_status_view_and_cell(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from infer_units.generator.build import load_all
+    conf = tmp_path / "conf"
+    conf.mkdir()
+    (conf / "on.toml").write_text('engine = "vllm"\nmodel = "/m"\ngpus = [0]\nport = 8000\n'
+                                  '[liveness]\nfailures = 3\n')
+    (conf / "off.toml").write_text('engine = "vllm"\nmodel = "/m"\ngpus = [1]\nport = 8001\n'
+                                   '[liveness]\ninterval = "0"\n')
+    monkeypatch.setenv("INFER_UNITS_LIVENESS_DIR", str(tmp_path))
+    models = {m.name: m for m in load_all(dirs=[str(conf)]).models}
+    assert lv.view(models["off"]) is None and lv.cell(None) == "off"
+    entry = lv.view(models["on"])
+    assert entry is not None and entry["last_probe"] is None
+    assert lv.cell(entry) == "no probe yet"
+    now = time.time()
+    (tmp_path / "on.liveness.json").write_text(json.dumps({
+        "last_probe": {"time": now - 5, "ok": False, "answer": "HTTP 503", "seconds": 0.01},
+        "consecutive_failures": 2, "answers": ["HTTP 503", "HTTP 503"],
+        "restarts": [now - 100, now - 30000], "restarts_total": 4}))
+    entry = lv.view(models["on"])
+    assert entry["restarts_in_window"] == 1 and entry["restarts_total"] == 4
+    assert entry["timeout"] == 10.0 and entry["failures"] == 3
+    assert lv.cell(entry) == "2/3 failed: HTTP 503, 4 restarts"
+    json.dumps(entry)

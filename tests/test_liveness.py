@@ -4,7 +4,7 @@ entry (a real datagram socket) and metrics, the cap's ExecStopPost script
 run by a real shell, and the status view.
 
 systemd itself is the boundary here: a recording stand-in answers the model's
-state and takes the restart/stop jobs (tests/e2e/test_liveness.py drives the
+state and takes the restart/stop jobs (tests/e2e/test_liveness_e2e.py drives the
 real one)."""
 
 from __future__ import annotations

@@ -17,7 +17,7 @@ HERE=$(cd "$(dirname "$0")" && pwd)
 OUT=${OUT:-$HERE/out}
 W=${IU_WORK:-/var/tmp/iu-gpu}
 FAKE=${IU_FAKE_GPUS:-}
-LIMIT=${IU_TIME_LIMIT:-480}          # the whole boot and scenarios, seconds
+LIMIT=${IU_TIME_LIMIT:-420}          # the whole boot and scenarios, seconds
 CG=/sys/fs/cgroup
 V2=""
 [ "$(stat -fc %T $CG)" = cgroup2fs ] && V2=1
@@ -113,7 +113,14 @@ UNIT
         nvml=$(ldconfig -p | awk '/libnvidia-ml\.so\.1 /{print $NF; exit}')
         [ -n "$nvml" ] || nvml=$(ls /usr/local/nvidia/lib64/libnvidia-ml.so.1 2>/dev/null)
         say "libnvidia-ml: $nvml -> $(readlink -f "$nvml")"
-        cp -L "$nvml" "$C/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1"
+        cp -L "$nvml" "$C/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1" && chroot "$C" /sbin/ldconfig
+        # The library paths this command runs with (the machine's CUDA setup),
+        # for host-python: units start with a clean environment.
+        for v in LD_LIBRARY_PATH CUDA_HOME; do
+            eval "val=\${$v:-}"
+            [ -n "$val" ] && printf "export %s='%s'\n" "$v" "$val"
+        done > "$C/opt/iu-gpu/host.env"
+        say "host.env: $(cat "$C/opt/iu-gpu/host.env" | tr '\n' ' ')"
     fi
 }
 

@@ -556,8 +556,16 @@ def s7_container(sc: Scenario) -> None:
         sc.sh(f"systemctl stop {name}; systemctl reset-failed {name}")
         pre = [line for line in runs[policy]["journal"] if "ExecStartPre" in line or "status=" in line]
         runs[policy]["pre_start_status_lines"] = pre
+        reason = "timed out: unaccounted" if policy == "kill" else "blocked (foreign = fail)"
+        runs[policy]["reason_logged"] = any(reason in line for line in runs[policy]["journal"])
+        # The pre-start's own exit status; a refused start cancels its own job,
+        # and that stop's SIGTERM can end the hook first (status=15/TERM).
+        runs[policy]["exit_status_seen"] = (
+            expect if any(f"status={expect}/" in line for line in pre)
+            else "TERM" if any("status=15/TERM" in line for line in pre) else None)
         runs[policy]["as_expected"] = (rc != 0 and runs[policy]["ExecMainPID"] in ("0", "")
-                                       and any(f"status={expect}/" in line for line in pre))
+                                       and runs[policy]["reason_logged"]
+                                       and runs[policy]["exit_status_seen"] is not None)
     d["starts"] = runs
     # The outsider leaves: the same start now succeeds.
     open(os.path.join(HS, "release-outer"), "w").close()
@@ -578,7 +586,9 @@ def s7_container(sc: Scenario) -> None:
                and not d["outer"]["visible_holders"])
     d["summary"] = (f"outsider {gib:g} GiB on GPU 0 invisible to NVML inside "
                     f"(holders: {len(d['outer']['visible_holders'])}, used {d['outer']['memory_mib'].get(0)} MiB); "
-                    f"foreign=kill start exit {runs['kill']['Result']}, foreign=fail {runs['fail']['Result']}; "
+                    f"foreign=kill: pre-start exit {runs['kill']['exit_status_seen']}, foreign=fail: "
+                    f"{runs['fail']['exit_status_seen']}, server never started: "
+                    f"{all(r['ExecMainPID'] in ('0', '') for r in runs.values())}; "
                     f"after it left the start succeeded: {rc == 0}")
 
 

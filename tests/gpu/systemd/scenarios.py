@@ -132,7 +132,8 @@ def device_fds(pid: int) -> list[str]:
                 target = os.readlink(f"/proc/{pid}/fd/{fd}")
             except OSError:
                 continue
-            if target.startswith("/dev/nvidia") or target.startswith("/var/lib/fakegpu/"):
+            # /host/dev/nvidia0: a server in host-python's chroot, seen from here
+            if "/dev/nvidia" in target or "/var/lib/fakegpu/" in target:
                 out.add(target)
     except OSError:
         pass
@@ -204,6 +205,17 @@ class Sampler:
     def span(self, index: int) -> tuple[int, int]:
         values = [s[1].get(index, 0) for s in self.samples]
         return (min(values), max(values)) if values else (0, 0)
+
+    def trace(self, t0: float) -> list[list[float]]:
+        """[ms since t0, MiB of GPU 0, MiB of GPU 1, ...] where a figure changed."""
+        out: list[list[float]] = []
+        last = None
+        for t, m in self.samples:
+            row = [m.get(g.index, 0) for g in GPUS]
+            if row != last:
+                out.append([round((t - t0) * 1000, 1), *row])
+                last = row
+        return out
 
     def back_at(self, idle: dict[int, int]) -> float | None:
         """First time from which every GPU stays within SLACK_MIB of idle."""
@@ -293,6 +305,14 @@ def s1_lifecycle(sc: Scenario) -> None:
     watch.join()
     last_exit = max(watch.exited.values()) if watch.exited else None
     back = smp.back_at(idle)
+    per_gpu = {}
+    for i in (0, 1):
+        worker = (second["gpu_pids"][i] or [None])[-1]
+        gpu_back = smp.back_at({i: idle[i]})
+        exit_t = watch.exited.get(worker)
+        per_gpu[i] = {"worker": worker, "exit_ms": ms(exit_t - t_stop) if exit_t else None,
+                      "memory_back_ms": ms(gpu_back - t_stop) if gpu_back else None,
+                      "memory_back_minus_exit_ms": ms(gpu_back - exit_t) if gpu_back and exit_t else None}
     d["stop"] = {"rc": rc3, "seconds": round(s3, 3), "memory_at_return_mib": at_return,
                  "pids_watched": pids,
                  "exit_ms_after_stop": {p: ms(t - t_stop) for p, t in sorted(watch.exited.items())},
@@ -300,6 +320,8 @@ def s1_lifecycle(sc: Scenario) -> None:
                  "memory_back_ms_after_stop": ms(back - t_stop) if back else None,
                  "memory_back_ms_after_last_exit": ms(back - last_exit) if back and last_exit else None,
                  "memory_back_before_stop_returned": back is not None and back <= t_ret,
+                 "per_gpu": per_gpu, "returned_ms_after_stop": ms(t_ret - t_stop),
+                 "trace_ms_mib": smp.trace(t_stop),
                  "samples": len(smp.samples)}
     d["journal"] = sc.journal("tp.service")
     alloc = GIB * 1024
@@ -311,8 +333,8 @@ def s1_lifecycle(sc: Scenario) -> None:
     d["ok"] = bool(ok)
     d["summary"] = (f"start {s:.2f}s, restart {s2:.2f}s (new pids only: {d['restart']['new_pids_only']}, "
                     f"peak {d['restart']['peak_during_mib']} MiB), stop {s3:.2f}s, memory at return "
-                    f"{at_return} MiB (idle {idle}), back {d['stop']['memory_back_ms_after_last_exit']} ms "
-                    "after the last exit")
+                    f"{at_return} MiB (idle {idle}); per GPU, memory back minus its worker's pidfd exit: "
+                    + ", ".join(f"GPU {i} {v['memory_back_minus_exit_ms']} ms" for i, v in per_gpu.items()))
 
 
 def s2_orphan(sc: Scenario) -> None:
@@ -353,10 +375,7 @@ def _ppid(pid: int) -> int | None:
 
 def s3_disjoint(sc: Scenario) -> None:
     d = sc.data
-    gib = 0.0 if FAKE else 10.0
-    add_model("left", model_toml(8201, [0], gib))
-    add_model("right", model_toml(8202, [1], gib))
-    rc, s, _, _ = sc.sh("systemctl start left right")
+    rc, s = _two_models(sc)
     before = {"right_unit_pids": unit_pids("right"), "right_main": show("right", "MainPID"),
               "right_gpu1": gpu_pids(holders(), 1), "memory_mib": mem(),
               "left_gpu0": gpu_pids(holders(), 0)}
@@ -376,6 +395,15 @@ def s3_disjoint(sc: Scenario) -> None:
     d["summary"] = (f"restart of left (GPU 0) in {s2:.2f}s; right's pids unchanged: "
                     f"{before['right_unit_pids'] == after['right_unit_pids']}, GPU 1 memory during "
                     f"it {lo}..{hi} MiB")
+
+
+def _two_models(sc: Scenario) -> tuple[int, float]:
+    """left on GPU 0 and right on GPU 1, 10 GiB each, started."""
+    gib = 0.0 if FAKE else 10.0
+    add_model("left", model_toml(8201, [0], gib))
+    add_model("right", model_toml(8202, [1], gib))
+    rc, s, _, _ = sc.sh("systemctl start left right")
+    return rc, s
 
 
 def s4_p2p(sc: Scenario) -> None:
@@ -418,6 +446,7 @@ def s4_p2p(sc: Scenario) -> None:
 
 def s5_status(sc: Scenario) -> None:
     d = sc.data
+    d["start_both_rc"] = _two_models(sc)[0]
     rc, s, out, err = sc.sh("infer-units status --json")
     try:
         d["status_json"] = json.loads(out)
@@ -436,13 +465,21 @@ def s5_status(sc: Scenario) -> None:
     except OSError as e:
         d["metrics"] = [f"<{e.strerror}>"]
     d["memory_mib"] = mem()
-    d["ok"] = rc == rc2 == rc3 == 0 and isinstance(d["status_json"], dict) and \
-        "unparsed" not in d["status_json"] and len(d["metrics"]) > 1
-    d["summary"] = f"status --json {s * 1000:.0f} ms, {len(d['metrics'])} metric lines"
+    models = d["status_json"].get("models", []) if isinstance(d["status_json"], dict) else []
+    d["models_seen"] = {m.get("name"): {"active": m.get("systemd", {}).get("active_state"),
+                                        "health": m.get("health", {}).get("ok"),
+                                        "processes": len(m.get("gpu", {}).get("processes", []))}
+                        for m in models}
+    d["ok"] = (rc == rc2 == rc3 == 0 and len(d["metrics"]) > 1 and len(models) == 2
+               and all(v["active"] == "active" and v["health"] and v["processes"] >= 1
+                       for v in d["models_seen"].values()))
+    d["summary"] = (f"status --json {s * 1000:.0f} ms: {d['models_seen']}; "
+                    f"{len(d['metrics'])} metric lines")
 
 
 def s6_drain(sc: Scenario) -> None:
     d = sc.data
+    d["start_both_rc"] = _two_models(sc)[0]
     gib = 0.0 if FAKE else 4.0
     env = dict(os.environ, CUDA_VISIBLE_DEVICES="0", CUDA_DEVICE_ORDER="PCI_BUS_ID")
     stray = subprocess.Popen([HOSTPY, SERVER, "--gib", str(gib), "--port", "8299"], env=env,
@@ -601,6 +638,14 @@ def cleanup(sc: Scenario) -> None:
     units = " ".join(f"{m}.service" for m in MODELS)
     subprocess.run(f"systemctl stop {units}; systemctl reset-failed {units}", shell=True,
                    capture_output=True, timeout=120)
+    # Each scenario writes its own models: none overlaps another's GPUs
+    # (an overlap is a config error that status and check report).
+    for m in MODELS:
+        try:
+            os.unlink(f"/etc/infer-units/{m}.toml")
+        except FileNotFoundError:
+            pass
+    subprocess.run(["systemctl", "daemon-reload"], capture_output=True, timeout=60)
     sc.data["left_after"] = {"holders": holders(), "memory_mib": mem()}
 
 

@@ -340,6 +340,7 @@ def s1_lifecycle(sc: Scenario) -> None:
 def s2_orphan(sc: Scenario) -> None:
     d = sc.data
     gib = 0.0 if FAKE else 8.0
+    add_model("tp", model_toml(8101, [0, 1], GIB))
     env = dict(os.environ, CUDA_VISIBLE_DEVICES="0,1", CUDA_DEVICE_ORDER="PCI_BUS_ID")
     crashed = subprocess.Popen([HOSTPY, SERVER, "--gib", str(gib), "--port", "8199"], env=env,
                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
@@ -385,6 +386,8 @@ def s3_disjoint(sc: Scenario) -> None:
              "right_gpu1": gpu_pids(holders(), 1), "memory_mib": mem(),
              "left_gpu0": gpu_pids(holders(), 0)}
     lo, hi = smp.span(1)
+    # DESIGN: a CUDA process opens every /dev/nvidiaN, whatever CUDA_VISIBLE_DEVICES says
+    d["left_worker_device_fds"] = {p: device_fds(p) for p in after["left_gpu0"]}
     d.update(before=before, after=after, restart_left={"rc": rc2, "seconds": round(s2, 3)},
              gpu1_during_restart_mib={"min": lo, "max": hi, "samples": len(smp.samples)},
              start_both={"rc": rc, "seconds": round(s, 3)}, journal=sc.journal("left.service"))
@@ -653,6 +656,16 @@ def main() -> int:
     log(f"scenarios start: backend {B.name}, {len(GPUS)} GPU(s), package "
         f"{open('/etc/infer-units-version').read().strip()}")
     RESULTS["package_version"] = open("/etc/infer-units-version").read().strip()
+    # DESIGN: an NVML query of all GPUs costs ~0.04 ms (processes and memory here)
+    t = time.perf_counter()
+    for _ in range(200):
+        B.users(GPUS)
+    users_ms = (time.perf_counter() - t) / 200 * 1000
+    t = time.perf_counter()
+    for _ in range(200):
+        mem()
+    RESULTS["query_ms"] = {"users_all_gpus": round(users_ms, 4),
+                           "memory_all_gpus": round((time.perf_counter() - t) / 200 * 1000, 4)}
     only = os.environ.get("IU_SCENARIOS", "").split()
     for fn in (s1_lifecycle, s2_orphan, s3_disjoint, s5_status, s6_drain, s4_p2p, s7_container):
         name = fn.__name__

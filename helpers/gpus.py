@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 import sys
 from dataclasses import dataclass, field
 
@@ -107,15 +108,32 @@ def _task_fd_targets(pid: int) -> list[str]:
     return []
 
 
+def _file_id(path: str) -> tuple[int, ...] | None:
+    """What makes two paths one device node (or one plain file: the fakes)."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return (0, st.st_rdev) if stat.S_ISCHR(st.st_mode) else (1, st.st_dev, st.st_ino)
+
+
 class FdScan:
     """pid -> which of `paths` it holds open.  Scans every process (like
     fuser): only for the fake backend, the /proc fallback and drain.
     `unseen` counts the processes whose fds could not be read (other users'
-    when not root): they may hold a device too."""
+    when not root): they may hold a device too.
+
+    A node opened through another path to it shows as that path: a server
+    chrooted into a root with /dev bound in holds "/host/dev/nvidia0" as seen
+    from here (tests/gpu/systemd: drain missed such a server on H200).  A
+    target that ends with one of `paths` is that path when it is the same
+    device (or file)."""
 
     def __init__(self, paths: set[str]) -> None:
         self.held: dict[int, set[str]] = {}
         self.unseen = 0
+        ids: dict[str, tuple[int, ...] | None] = {}
+        suffixes = tuple(paths)
         me = os.getpid()
         for entry in os.listdir("/proc"):
             if not entry.isdigit():
@@ -140,6 +158,14 @@ class FdScan:
             for target in targets:
                 if target in paths:
                     self.held.setdefault(pid, set()).add(target)
+                elif target.endswith(suffixes):
+                    for path in paths:
+                        # absolute: the match starts at a path component
+                        if path.startswith("/") and target.endswith(path):
+                            if path not in ids:
+                                ids[path] = _file_id(path)
+                            if ids[path] is not None and _file_id(target) == ids[path]:
+                                self.held.setdefault(pid, set()).add(path)
 
 
 def fd_holders(paths: set[str]) -> dict[int, set[str]]:

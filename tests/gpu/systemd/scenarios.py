@@ -1,0 +1,714 @@
+#!/usr/bin/python3
+"""The GPU scenarios, run inside the booted container as a boot-time unit
+(iu-gpu-scenarios.service, written by run-h200.sh) under real systemd, with
+the infer-units .deb installed and the GPU machine's /dev/nvidia* passed in.
+GPU memory is read through NVML (infer-units' own backend, libnvidia-ml from
+the machine); the CUDA servers run the machine's torch through host-python.
+
+    scenarios.py OUT HANDSHAKE_DIR
+
+Writes OUT/results.json after every scenario (each: ok, summary, figures, the
+commands that produced them with their exit codes and wall times) and
+OUT/scenarios.log.  IU_FAKE_GPUS=1: the same on fake GPUs (no memory figures).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import signal
+import subprocess
+import sys
+import threading
+import time
+import traceback
+import urllib.request
+
+OUT, HS = sys.argv[1], sys.argv[2]
+FAKE = os.environ.get("IU_FAKE_GPUS") == "1"
+if FAKE:
+    os.environ["INFER_UNITS_FAKE_GPUS"] = "/etc/infer-units/fakegpus.json"
+os.environ["PATH"] = "/usr/sbin:/usr/bin:/sbin:/bin"
+from infer_units.helpers import gpus as gpus_mod  # noqa: E402
+
+HOSTPY = "/usr/local/bin/host-python"
+SERVER = "/run/iu-gpu/server.py"
+GIB = 0.0 if FAKE else 20.0          # per TP worker, scenario 1
+STOP_REPEATS = int(os.environ.get("IU_STOP_REPEATS", "4"))
+SLACK_MIB = 256                      # "memory back": within this of the idle figure
+T0 = time.monotonic()
+LOG = open(os.path.join(OUT, "scenarios.log"), "a", buffering=1)
+B = gpus_mod.backend()
+GPUS = B.gpus()
+RESULTS: dict = {"started_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                 "fake_gpus": FAKE, "backend": B.name,
+                 "gpus": [{"index": g.index, "uuid": g.uuid, "pci": g.pci,
+                           "memory_total_mib": g.memory_total_mib} for g in GPUS],
+                 "scenarios": {}}
+
+
+def log(msg: str) -> None:
+    line = f"[{time.monotonic() - T0:8.3f}] {msg}"
+    print(line, flush=True)
+    LOG.write(line + "\n")
+
+
+def save() -> None:
+    with open(os.path.join(OUT, "results.json.tmp"), "w") as f:
+        json.dump(RESULTS, f, indent=1, sort_keys=False)
+    os.replace(os.path.join(OUT, "results.json.tmp"), os.path.join(OUT, "results.json"))
+
+
+# ------------------------------------------------------------------ probes
+
+def mem() -> dict[int, int]:
+    """GPU index -> used MiB (NVML memory info v2: the driver's reservation excluded)."""
+    return {i: used for i, (used, _reserved) in B.memory(GPUS).items()}
+
+
+def holders() -> dict[int, dict]:
+    return {pid: {"gpus": sorted(u.gpus), "mib": {str(k): v for k, v in u.memory_mib.items()}}
+            for pid, u in B.users(GPUS).items()}
+
+
+class Scenario:
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.data: dict = {"ok": False, "commands": []}
+        RESULTS["scenarios"][name] = self.data
+        self.since = time.time()
+
+    def sh(self, cmd: str, timeout: float = 300) -> tuple[int, float, str, str]:
+        t = time.monotonic()
+        try:
+            done = subprocess.run(["/bin/sh", "-c", cmd], capture_output=True, text=True,
+                                  timeout=timeout)
+            rc, out, err = done.returncode, done.stdout, done.stderr
+        except subprocess.TimeoutExpired as e:
+            rc, out, err = 124, str(e.stdout or ""), str(e.stderr or "")
+        s = time.monotonic() - t
+        self.data["commands"].append({"cmd": cmd, "rc": rc, "seconds": round(s, 3)})
+        log(f"{self.name}: `{cmd}` -> rc {rc} in {s:.3f}s" + (f": {err.strip()[-300:]}" if rc else ""))
+        return rc, s, out, err
+
+    def journal(self, unit: str) -> list[str]:
+        out = subprocess.run(["journalctl", "-u", unit, "-o", "short-monotonic", "--no-pager",
+                              f"--since=@{int(self.since)}"], capture_output=True, text=True).stdout
+        return [line for line in out.splitlines()
+                if "infer-units" in line or "Main process" in line or "Failed" in line
+                or "Started" in line or "Stopped" in line or "SIG" in line
+                or "status=" in line or "Control process" in line][-60:]
+
+
+def show(unit: str, prop: str) -> str:
+    return subprocess.run(["systemctl", "show", "-p", prop, "--value", unit],
+                          capture_output=True, text=True).stdout.strip()
+
+
+def unit_pids(unit: str) -> list[int]:
+    cg = show(unit, "ControlGroup")
+    pids: list[int] = []
+    if not cg:
+        return pids
+    # cgroup v2 (the GPU machine); the hybrid layout of a v1 host (the local run)
+    for base in ("/sys/fs/cgroup", "/sys/fs/cgroup/unified", "/sys/fs/cgroup/systemd"):
+        if not os.path.isdir(base + cg):
+            continue
+        for root, _dirs, files in os.walk(base + cg):
+            if "cgroup.procs" in files:
+                with open(os.path.join(root, "cgroup.procs")) as f:
+                    pids += [int(x) for x in f.read().split()]
+        break
+    return sorted(set(pids))
+
+
+def device_fds(pid: int) -> list[str]:
+    """The /dev/nvidia* nodes a process holds open (DESIGN: every CUDA process
+    opens every node, whatever CUDA_VISIBLE_DEVICES says)."""
+    out = set()
+    try:
+        for fd in os.listdir(f"/proc/{pid}/fd"):
+            try:
+                target = os.readlink(f"/proc/{pid}/fd/{fd}")
+            except OSError:
+                continue
+            # /host/dev/nvidia0: a server in host-python's chroot, seen from here
+            if "/dev/nvidia" in target or "/var/lib/fakegpu/" in target:
+                out.add(target)
+    except OSError:
+        pass
+    return sorted(out)
+
+
+def add_model(name: str, text: str) -> None:
+    with open(f"/etc/infer-units/{name}.toml", "w") as f:
+        f.write(text)
+    subprocess.run(["systemctl", "daemon-reload"], check=True)
+
+
+def model_toml(port: int, gpus: list[int], gib: float, reap: str = "", extra: str = "") -> str:
+    argv = [HOSTPY, SERVER, "--gib", str(gib), "--port", str(port)]
+    return "\n".join([
+        'engine = "command"', f"command = {json.dumps(argv)}", f"gpus = {gpus}", f"port = {port}",
+        extra,
+        "[reap]", 'term-grace = "2s"', 'timeout = "30s"', reap,
+        "[ready]", f'url = "http://127.0.0.1:{port}/health"', 'timeout = "240s"',
+        'interval = "100ms"',
+        "[service]", 'RestartSec = "2s"', ""])
+
+
+def health(port: int, timeout: float = 180) -> dict:
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as r:
+                return json.load(r)
+        except OSError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.1)
+
+
+def alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+class Sampler:
+    """Used memory of every GPU, as fast as NVML answers (~0.1 ms a query)."""
+
+    def __init__(self, period: float = 0.002) -> None:
+        self.period = period
+        self.samples: list[tuple[float, dict[int, int]]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self.samples.append((time.monotonic(), mem()))
+            time.sleep(self.period)
+
+    def __enter__(self) -> "Sampler":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def peak(self) -> dict[int, int]:
+        return {g.index: max((s[1].get(g.index, 0) for s in self.samples), default=0) for g in GPUS}
+
+    def span(self, index: int) -> tuple[int, int]:
+        values = [s[1].get(index, 0) for s in self.samples]
+        return (min(values), max(values)) if values else (0, 0)
+
+    def trace(self, t0: float) -> list[list[float]]:
+        """[ms since t0, MiB of GPU 0, MiB of GPU 1, ...] where a figure changed."""
+        out: list[list[float]] = []
+        last = None
+        for t, m in self.samples:
+            row = [m.get(g.index, 0) for g in GPUS]
+            if row != last:
+                out.append([round((t - t0) * 1000, 1), *row])
+                last = row
+        return out
+
+    def back_at(self, idle: dict[int, int]) -> float | None:
+        """First time from which every GPU stays within SLACK_MIB of idle."""
+        t_back = None
+        for t, m in self.samples:
+            ok = all(m.get(i, 0) <= idle.get(i, 0) + SLACK_MIB for i in idle)
+            if ok and t_back is None:
+                t_back = t
+            elif not ok:
+                t_back = None
+        return t_back
+
+
+class ExitWatch:
+    """The moment each pid exits, from its pidfd (readable within 1 ms of the exit)."""
+
+    def __init__(self, pids: list[int]) -> None:
+        self.fds: dict[int, int] = {}
+        for pid in pids:
+            try:
+                self.fds[os.pidfd_open(pid)] = pid
+            except OSError:
+                pass
+        self.exited: dict[int, float] = {}
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        poller = select.poll()
+        for fd in self.fds:
+            poller.register(fd, select.POLLIN)
+        deadline = time.monotonic() + 120
+        while len(self.exited) < len(self.fds) and time.monotonic() < deadline:
+            for fd, _ev in poller.poll(100):
+                if self.fds[fd] not in self.exited:
+                    self.exited[self.fds[fd]] = time.monotonic()
+                    poller.unregister(fd)
+
+    def join(self) -> None:
+        self._thread.join(130)
+        for fd in self.fds:
+            os.close(fd)
+
+
+def gpu_pids(h: dict[int, dict], index: int) -> list[int]:
+    return sorted(p for p, v in h.items() if index in v["gpus"])
+
+
+def ms(x: float | None) -> float | None:
+    return None if x is None else round(x * 1000, 1)
+
+
+# ------------------------------------------------------------------ scenarios
+
+def s1_lifecycle(sc: Scenario) -> None:
+    d = sc.data
+    add_model("tp", model_toml(8101, [0, 1], GIB))
+    idle = mem()
+    d["memory_idle_mib"] = idle
+    rc, s, _, _ = sc.sh("systemctl start tp")
+    d["start"] = {"rc": rc, "seconds": round(s, 3), "memory_mib": mem()}
+    h = holders()
+    first = {"main": int(show("tp", "MainPID")), "gpu_pids": {i: gpu_pids(h, i) for i in (0, 1)},
+             "holders": h}
+    d["start"]["pids"] = first
+    d["start"]["device_fds"] = {p: device_fds(p) for p in sorted(h)}
+    d["start"]["unit_pids"] = unit_pids("tp")
+    with Sampler() as smp:
+        rc2, s2, _, _ = sc.sh("systemctl restart tp")
+    h2 = holders()
+    second = {"main": int(show("tp", "MainPID")), "gpu_pids": {i: gpu_pids(h2, i) for i in (0, 1)},
+              "holders": h2}
+    old = set(first["gpu_pids"][0] + first["gpu_pids"][1])
+    new = set(second["gpu_pids"][0] + second["gpu_pids"][1])
+    d["restart"] = {"rc": rc2, "seconds": round(s2, 3), "pids": second, "memory_mib": mem(),
+                    "peak_during_mib": smp.peak(), "new_pids_only": not (old & new),
+                    "old_pids_alive": sorted(p for p in old if alive(p))}
+    d["stop"] = measured_stop(sc, "tp", idle, second)
+    rc3, at_return = d["stop"]["rc"], d["stop"]["memory_at_return_mib"]
+    s3 = d["stop"]["seconds"]
+    per_gpu = d["stop"]["per_gpu"]
+    # More stops for a distribution of "memory back minus pidfd exit".
+    d["stop_repeats"] = []
+    for _ in range(STOP_REPEATS):
+        rc_r, _, _, _ = sc.sh("systemctl start tp")
+        h_r = holders()
+        pids_r = {"main": int(show("tp", "MainPID")),
+                  "gpu_pids": {i: gpu_pids(h_r, i) for i in (0, 1)}}
+        d["stop_repeats"].append(measured_stop(sc, "tp", idle, pids_r) if rc_r == 0 else {"start_rc": rc_r})
+    deltas = [v["memory_back_minus_exit_ms"] for st in [d["stop"], *d["stop_repeats"]]
+              for v in st.get("per_gpu", {}).values() if v.get("memory_back_minus_exit_ms") is not None]
+    d["memory_back_minus_exit_ms_all"] = sorted(deltas)
+    d["journal"] = sc.journal("tp.service")
+    alloc = GIB * 1024
+    ok = rc == rc2 == rc3 == 0 and d["restart"]["new_pids_only"] and not d["restart"]["old_pids_alive"]
+    ok = ok and all(st.get("rc") == 0 for st in d["stop_repeats"])
+    if not FAKE:
+        ok = ok and all(d["start"]["memory_mib"][i] - idle[i] >= alloc for i in (0, 1))
+        ok = ok and all(d["restart"]["peak_during_mib"][i] < idle[i] + 1.5 * alloc for i in (0, 1))
+        ok = ok and all(at_return[i] <= idle[i] + SLACK_MIB for i in (0, 1))
+    d["ok"] = bool(ok)
+    d["summary"] = (f"start {s:.2f}s, restart {s2:.2f}s (new pids only: {d['restart']['new_pids_only']}, "
+                    f"peak {d['restart']['peak_during_mib']} MiB), stop {s3:.2f}s, memory at return "
+                    f"{at_return} MiB (idle {idle}); memory back minus the worker's pidfd exit, per GPU and "
+                    f"stop ({1 + STOP_REPEATS} stops): {deltas} ms")
+
+
+def measured_stop(sc: Scenario, unit: str, idle: dict[int, int], running: dict) -> dict:
+    """`systemctl stop` with every process's exit (pidfd) and the memory (NVML,
+    every ~2 ms) timed from the moment the stop was asked for."""
+    new = set(running["gpu_pids"][0] + running["gpu_pids"][1])
+    pids = sorted(set(unit_pids(unit)) | new | {running["main"]})
+    watch = ExitWatch(pids)
+    with Sampler() as smp:
+        t_stop = time.monotonic()
+        rc, s, _, _ = sc.sh(f"systemctl stop {unit}")
+        t_ret = time.monotonic()
+        at_return = mem()
+        time.sleep(0.5)
+    watch.join()
+    last_exit = max(watch.exited.values()) if watch.exited else None
+    back = smp.back_at(idle)
+    per_gpu = {}
+    for i in (0, 1):
+        worker = (running["gpu_pids"][i] or [None])[-1]
+        gpu_back = smp.back_at({i: idle[i]})
+        exit_t = watch.exited.get(worker)
+        per_gpu[i] = {"worker": worker, "exit_ms": ms(exit_t - t_stop) if exit_t else None,
+                      "memory_back_ms": ms(gpu_back - t_stop) if gpu_back else None,
+                      "memory_back_minus_exit_ms": ms(gpu_back - exit_t) if gpu_back and exit_t else None}
+    return {"rc": rc, "seconds": round(s, 3), "memory_at_return_mib": at_return,
+            "pids_watched": pids,
+            "exit_ms_after_stop": {p: ms(t - t_stop) for p, t in sorted(watch.exited.items())},
+            "last_exit_ms_after_stop": ms(last_exit - t_stop) if last_exit else None,
+            "memory_back_ms_after_stop": ms(back - t_stop) if back else None,
+            "memory_back_ms_after_last_exit": ms(back - last_exit) if back and last_exit else None,
+            "memory_back_before_stop_returned": back is not None and back <= t_ret,
+            "per_gpu": per_gpu, "returned_ms_after_stop": ms(t_ret - t_stop),
+            "trace_ms_mib": smp.trace(t_stop), "samples": len(smp.samples)}
+
+
+def s2_orphan(sc: Scenario) -> None:
+    d = sc.data
+    gib = 0.0 if FAKE else 8.0
+    add_model("tp", model_toml(8101, [0, 1], GIB))
+    env = dict(os.environ, CUDA_VISIBLE_DEVICES="0,1", CUDA_DEVICE_ORDER="PCI_BUS_ID")
+    crashed = subprocess.Popen([HOSTPY, SERVER, "--gib", str(gib), "--port", "8199"], env=env,
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                               start_new_session=True)
+    info = health(8199)
+    os.kill(crashed.pid, signal.SIGKILL)      # the server crashes; its TP workers stay
+    crashed.wait()
+    time.sleep(0.5)
+    orphans = info["workers"]
+    d["orphans"] = {"crashed_main": crashed.pid, "workers": orphans,
+                    "alive": [p for p in orphans if alive(p)], "holders": holders(),
+                    "memory_mib": mem(), "ppid": {p: _ppid(p) for p in orphans}}
+    rc, s, _, _ = sc.sh("systemctl start tp")
+    d["start"] = {"rc": rc, "seconds": round(s, 3), "memory_mib": mem(), "holders": holders(),
+                  "orphans_alive": [p for p in orphans if alive(p)]}
+    d["journal"] = sc.journal("tp.service")
+    sc.sh("systemctl stop tp")
+    killed = [line for line in d["journal"] if "SIGKILL" in line]
+    d["ok"] = (rc == 0 and len(d["orphans"]["alive"]) == len(orphans) > 0
+               and not d["start"]["orphans_alive"] and bool(killed)
+               and (FAKE or all(d["orphans"]["memory_mib"][i] >= gib * 1024 for i in (0, 1))))
+    d["summary"] = (f"{len(orphans)} orphaned TERM-ignoring workers ({gib:g} GiB each) reaped by the "
+                    f"start in {s:.2f}s; {len(killed)} SIGKILL line(s) in the journal")
+
+
+def _ppid(pid: int) -> int | None:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return int(f.read().rsplit(")", 1)[1].split()[1])
+    except OSError:
+        return None
+
+
+def s3_disjoint(sc: Scenario) -> None:
+    d = sc.data
+    rc, s = _two_models(sc)
+    before = {"right_unit_pids": unit_pids("right"), "right_main": show("right", "MainPID"),
+              "right_gpu1": gpu_pids(holders(), 1), "memory_mib": mem(),
+              "left_gpu0": gpu_pids(holders(), 0)}
+    with Sampler() as smp:
+        rc2, s2, _, _ = sc.sh("systemctl restart left")
+    after = {"right_unit_pids": unit_pids("right"), "right_main": show("right", "MainPID"),
+             "right_gpu1": gpu_pids(holders(), 1), "memory_mib": mem(),
+             "left_gpu0": gpu_pids(holders(), 0)}
+    lo, hi = smp.span(1)
+    # DESIGN: a CUDA process opens every /dev/nvidiaN, whatever CUDA_VISIBLE_DEVICES says
+    d["left_worker_device_fds"] = {p: device_fds(p) for p in after["left_gpu0"]}
+    d.update(before=before, after=after, restart_left={"rc": rc2, "seconds": round(s2, 3)},
+             gpu1_during_restart_mib={"min": lo, "max": hi, "samples": len(smp.samples)},
+             start_both={"rc": rc, "seconds": round(s, 3)}, journal=sc.journal("left.service"))
+    d["ok"] = (rc == rc2 == 0 and before["right_unit_pids"] == after["right_unit_pids"]
+               and before["right_gpu1"] == after["right_gpu1"] and bool(before["right_gpu1"])
+               and not set(before["left_gpu0"]) & set(after["left_gpu0"])
+               and hi - lo <= 64)
+    d["summary"] = (f"restart of left (GPU 0) in {s2:.2f}s; right's pids unchanged: "
+                    f"{before['right_unit_pids'] == after['right_unit_pids']}, GPU 1 memory during "
+                    f"it {lo}..{hi} MiB")
+
+
+def _two_models(sc: Scenario) -> tuple[int, float]:
+    """left on GPU 0 and right on GPU 1, 10 GiB each, started."""
+    gib = 0.0 if FAKE else 10.0
+    add_model("left", model_toml(8201, [0], gib))
+    add_model("right", model_toml(8202, [1], gib))
+    rc, s, _, _ = sc.sh("systemctl start left right")
+    return rc, s
+
+
+def s4_p2p(sc: Scenario) -> None:
+    d = sc.data
+    gib = 0.0 if FAKE else 2.0
+    text = "\n".join([
+        'engine = "sglang"', 'model = "/models/none"', f'python = "{HOSTPY}"', "gpus = [0, 1]",
+        "port = 8301", f'args = ["--gib", "{gib}"]',
+        "[nccl]", 'p2p = "auto"',
+        "[reap]", 'term-grace = "2s"', 'timeout = "30s"',
+        "[ready]", 'timeout = "240s"', 'interval = "100ms"', "[service]", 'RestartSec = "2s"', ""])
+    add_model("peer", text)
+    rc, s, _, _ = sc.sh("systemctl start peer")
+    try:
+        with open("/run/infer-units/peer.env") as f:
+            env_file = f.read()
+    except OSError as e:
+        env_file = f"<{e.strerror}>"
+    cache = {}
+    cache_dir = "/run/infer-units/p2p"
+    for name in sorted(os.listdir(cache_dir)) if os.path.isdir(cache_dir) else []:
+        with open(os.path.join(cache_dir, name)) as f:
+            cache[name] = json.load(f)
+    try:
+        server = health(8301, 5)
+    except OSError:
+        server = {}
+    d.update(start={"rc": rc, "seconds": round(s, 3)}, env_file=env_file, selftest_cache=cache,
+             server_saw=server, exec_start=show("peer", "ExecStart")[:600],
+             journal=sc.journal("peer.service"))
+    rc2, s2, _, _ = sc.sh("systemctl restart peer")     # the verdict is cached for this boot
+    d["restart"] = {"rc": rc2, "seconds": round(s2, 3), "journal": sc.journal("peer.service")[-8:]}
+    sc.sh("systemctl stop peer")
+    verdicts = [line for line in d["journal"] if "P2P" in line]
+    d["verdict_lines"] = verdicts
+    d["ok"] = rc == 0 and bool(verdicts) and (FAKE or any("P2P on" in v for v in verdicts))
+    d["summary"] = (verdicts[-1].split("infer-units: ", 1)[-1] if verdicts else "no P2P line") + \
+        f"; env file: {env_file.strip()!r}"
+
+
+def s5_status(sc: Scenario) -> None:
+    d = sc.data
+    d["start_both_rc"] = _two_models(sc)[0]
+    rc, s, out, err = sc.sh("infer-units status --json")
+    try:
+        d["status_json"] = json.loads(out)
+    except ValueError:
+        d["status_json"] = {"unparsed": out[-3000:], "stderr": err[-1000:]}
+    rc2, s2, out2, _ = sc.sh("infer-units status")
+    d["status_text"] = out2.splitlines()[-20:]
+    rc3, _, out3, _ = sc.sh("infer-units holders --json")
+    try:
+        d["holders_json"] = json.loads(out3)
+    except ValueError:
+        d["holders_json"] = out3[-2000:]
+    try:
+        with open("/run/iu-metrics/infer-units.prom") as f:
+            d["metrics"] = f.read().splitlines()
+    except OSError as e:
+        d["metrics"] = [f"<{e.strerror}>"]
+    d["memory_mib"] = mem()
+    models = d["status_json"].get("models", []) if isinstance(d["status_json"], dict) else []
+    d["models_seen"] = {m.get("name"): {"active": m.get("systemd", {}).get("active_state"),
+                                        "health": m.get("health", {}).get("ok"),
+                                        "processes": len(m.get("gpu", {}).get("processes", []))}
+                        for m in models}
+    d["ok"] = (rc == rc2 == rc3 == 0 and len(d["metrics"]) > 1 and len(models) == 2
+               and all(v["active"] == "active" and v["health"] and v["processes"] >= 1
+                       for v in d["models_seen"].values()))
+    d["summary"] = (f"status --json {s * 1000:.0f} ms: {d['models_seen']}; "
+                    f"{len(d['metrics'])} metric lines")
+
+
+def s6_drain(sc: Scenario) -> None:
+    d = sc.data
+    d["start_both_rc"] = _two_models(sc)[0]
+    gib = 0.0 if FAKE else 4.0
+    env = dict(os.environ, CUDA_VISIBLE_DEVICES="0", CUDA_DEVICE_ORDER="PCI_BUS_ID")
+    stray = subprocess.Popen([HOSTPY, SERVER, "--gib", str(gib), "--port", "8299"], env=env,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                             start_new_session=True)
+    info = health(8299)
+    d["stray"] = {"main": stray.pid, "workers": info["workers"]}
+    d["before"] = {"memory_mib": mem(), "holders": holders(),
+                   "active": {u: show(u, "ActiveState") for u in ("left", "right")}}
+    # This runner's own NVML handles hold /dev/nvidia*: let go of them, or
+    # drain (which reaps every device holder) finds its own parent.
+    _nvml_off()
+    try:
+        rc, s, out, err = sc.sh("infer-units drain --timeout 60s --term-grace 2s")
+        d["drain"] = {"rc": rc, "seconds": round(s, 3), "stderr": err.splitlines()[-30:],
+                      "active_after": {u: show(u, "ActiveState") for u in ("left", "right")}}
+        d["drain"]["holders_after"] = _fd_holders_count()
+    finally:
+        _nvml_on()
+    d["drain"]["memory_mib_after"] = mem()
+    d["drain"]["stray_workers_alive"] = [p for p in info["workers"] if alive(p)]
+    rc_f, _, _, err_f = sc.sh("systemctl start left")
+    d["start_while_drained"] = {"rc": rc_f, "stderr": err_f.splitlines()[-5:],
+                                "journal": sc.journal("left.service")[-6:]}
+    d["after"] = {"memory_mib": mem(), "holders": holders(),
+                  "active": {u: show(u, "ActiveState") for u in ("left", "right")},
+                  "stray_workers_alive": [p for p in info["workers"] if alive(p)],
+                  # drain reaps device holders; the stray's main process holds none
+                  "stray_main_alive": alive(stray.pid)}
+    if stray.poll() is None:
+        stray.kill()
+    stray.wait(10)
+    # DESIGN: starts stay fenced until `resume`.  Recorded, not part of "ok":
+    # whether this build fences at all is what the run finds out.
+    rc2, s2, _, err2 = sc.sh("infer-units resume")
+    d["resume"] = {"rc": rc2, "seconds": round(s2, 3), "stderr": err2.splitlines()[-10:],
+                   "active": {u: show(u, "ActiveState") for u in ("left", "right")},
+                   "memory_mib": mem()}
+    d["fence"] = {"start_while_drained_refused": rc_f != 0, "resume_rc": rc2}
+    sc.sh("systemctl stop left right")
+    d["ok"] = (rc == 0 and not d["after"]["stray_workers_alive"]
+               and all(v != "active" for v in d["drain"]["active_after"].values())
+               and d["drain"]["holders_after"] == 0)
+    d["summary"] = (f"drain rc {rc} in {s:.2f}s (2 models + a stray TERM-ignoring server), "
+                    f"device holders after: {d['drain']['holders_after']}; fence: start while drained "
+                    f"rc {rc_f}, resume rc {rc2}")
+
+
+def _fd_holders_count() -> int:
+    """Processes holding a GPU device node (what drain must leave at zero)."""
+    from infer_units.helpers.gpus import fd_holders
+    return len(fd_holders(set(B.device_files())))
+
+
+def _nvml_off() -> None:
+    if B.name == "nvml":
+        B.nvml.nvmlShutdown()
+
+
+def _nvml_on() -> None:
+    if B.name == "nvml":
+        B.__init__(B.nvml)
+
+
+def _fake_used(index: int, mib: int) -> None:
+    path = "/etc/infer-units/fakegpus.json"
+    with open(path) as f:
+        table = json.load(f)
+    table["gpus"][index]["memory_used_mib"] = mib
+    with open(path + ".tmp", "w") as f:
+        json.dump(table, f)
+    os.replace(path + ".tmp", path)
+
+
+def s7_container(sc: Scenario) -> None:
+    d = sc.data
+    gib = 8.0
+    idle = mem()
+    with open(os.path.join(HS, "request-outer.tmp"), "w") as f:
+        f.write(str(gib))
+    os.replace(os.path.join(HS, "request-outer.tmp"), os.path.join(HS, "request-outer"))
+    ready = os.path.join(HS, "outer-ready")
+    deadline = time.monotonic() + 120
+    while not os.path.exists(ready):
+        if time.monotonic() > deadline:
+            raise RuntimeError("the outer holder never became ready")
+        time.sleep(0.1)
+    with open(ready) as f:
+        outer = json.load(f)
+    if FAKE:
+        _fake_used(0, int(gib * 1024))
+    d["outer"] = {"process": outer, "memory_mib": mem(), "idle_mib": idle,
+                  "visible_holders": holders()}
+    rc_h, _, out_h, _ = sc.sh("infer-units holders --gpus 0 --json")
+    try:
+        d["holders_json"] = json.loads(out_h)
+    except ValueError:
+        d["holders_json"] = out_h[-2000:]
+    runs = {}
+    for policy, expect in (("kill", 3), ("fail", 2)):
+        name = f"guard{policy}"
+        add_model(name, model_toml(8400 + expect, [0], 0.0 if FAKE else 2.0,
+                                   reap=f'foreign = "{policy}"').replace(
+            'term-grace = "2s"\ntimeout = "30s"', 'term-grace = "1s"\ntimeout = "5s"'))
+        rc, s, _, err = sc.sh(f"systemctl start {name}")
+        time.sleep(0.3)
+        runs[policy] = {"rc": rc, "seconds": round(s, 3), "expected_pre_start_exit": expect,
+                        "ExecMainPID": show(name, "ExecMainPID"),
+                        "Result": show(name, "Result"), "ActiveState": show(name, "ActiveState"),
+                        "journal": sc.journal(f"{name}.service")}
+        sc.sh(f"systemctl stop {name}; systemctl reset-failed {name}")
+        pre = [line for line in runs[policy]["journal"] if "ExecStartPre" in line or "status=" in line]
+        runs[policy]["pre_start_status_lines"] = pre
+        reason = "timed out: unaccounted" if policy == "kill" else "blocked (foreign = fail)"
+        runs[policy]["reason_logged"] = any(reason in line for line in runs[policy]["journal"])
+        # The pre-start's own exit status; a refused start cancels its own job,
+        # and that stop's SIGTERM can end the hook first (status=15/TERM).
+        runs[policy]["exit_status_seen"] = (
+            expect if any(f"status={expect}/" in line for line in pre)
+            else "TERM" if any("status=15/TERM" in line for line in pre) else None)
+        runs[policy]["as_expected"] = (rc != 0 and runs[policy]["ExecMainPID"] in ("0", "")
+                                       and runs[policy]["reason_logged"]
+                                       and runs[policy]["exit_status_seen"] is not None)
+    d["starts"] = runs
+    # The outsider leaves: the same start now succeeds.
+    open(os.path.join(HS, "release-outer"), "w").close()
+    if FAKE:
+        _fake_used(0, 0)
+    t = time.monotonic()
+    while mem().get(0, 0) > idle.get(0, 0) + SLACK_MIB and time.monotonic() - t < 30:
+        time.sleep(0.01)
+    d["outer_released_memory_back_s"] = round(time.monotonic() - t, 3)
+    rc, s, _, _ = sc.sh("systemctl start guardkill")
+    d["start_after_release"] = {"rc": rc, "seconds": round(s, 3),
+                                "journal": sc.journal("guardkill.service")[-6:]}
+    sc.sh("systemctl stop guardkill")
+    unacc = [line for r in runs.values() for line in r["journal"] if "unaccounted" in line
+             or "no visible process" in line]
+    d["unaccounted_lines"] = unacc
+    d["ok"] = (all(r["as_expected"] for r in runs.values()) and rc == 0 and bool(unacc)
+               and not d["outer"]["visible_holders"])
+    d["summary"] = (f"outsider {gib:g} GiB on GPU 0 invisible to NVML inside "
+                    f"(holders: {len(d['outer']['visible_holders'])}, used {d['outer']['memory_mib'].get(0)} MiB); "
+                    f"foreign=kill: pre-start exit {runs['kill']['exit_status_seen']}, foreign=fail: "
+                    f"{runs['fail']['exit_status_seen']}, server never started: "
+                    f"{all(r['ExecMainPID'] in ('0', '') for r in runs.values())}; "
+                    f"after it left the start succeeded: {rc == 0}")
+
+
+MODELS = ("tp", "left", "right", "peer", "guardkill", "guardfail")
+
+
+def cleanup(sc: Scenario) -> None:
+    """Every model stopped after each scenario, whatever happened in it, so one
+    failure does not block the next scenario's GPUs."""
+    units = " ".join(f"{m}.service" for m in MODELS)
+    subprocess.run(f"systemctl stop {units}; systemctl reset-failed {units}", shell=True,
+                   capture_output=True, timeout=120)
+    # Each scenario writes its own models: none overlaps another's GPUs
+    # (an overlap is a config error that status and check report).
+    for m in MODELS:
+        try:
+            os.unlink(f"/etc/infer-units/{m}.toml")
+        except FileNotFoundError:
+            pass
+    subprocess.run(["systemctl", "daemon-reload"], capture_output=True, timeout=60)
+    sc.data["left_after"] = {"holders": holders(), "memory_mib": mem()}
+
+
+def main() -> int:
+    log(f"scenarios start: backend {B.name}, {len(GPUS)} GPU(s), package "
+        f"{open('/etc/infer-units-version').read().strip()}")
+    RESULTS["package_version"] = open("/etc/infer-units-version").read().strip()
+    # DESIGN: an NVML query of all GPUs costs ~0.04 ms (processes and memory here)
+    t = time.perf_counter()
+    for _ in range(200):
+        B.users(GPUS)
+    users_ms = (time.perf_counter() - t) / 200 * 1000
+    t = time.perf_counter()
+    for _ in range(200):
+        mem()
+    RESULTS["query_ms"] = {"users_all_gpus": round(users_ms, 4),
+                           "memory_all_gpus": round((time.perf_counter() - t) / 200 * 1000, 4)}
+    only = os.environ.get("IU_SCENARIOS", "").split()
+    for fn in (s1_lifecycle, s2_orphan, s3_disjoint, s4_p2p, s5_status, s6_drain, s7_container):
+        name = fn.__name__
+        if only and name.split("_")[0] not in only:
+            continue
+        sc = Scenario(name)
+        t = time.monotonic()
+        try:
+            fn(sc)
+        except Exception as e:
+            sc.data["error"] = f"{type(e).__name__}: {e}"
+            sc.data["traceback"] = traceback.format_exc()[-3000:]
+        sc.data["wall_s"] = round(time.monotonic() - t, 3)
+        cleanup(sc)
+        log(f"{name}: {'PASS' if sc.data['ok'] else 'FAIL'} {sc.data.get('summary', sc.data.get('error'))}")
+        save()
+    RESULTS["finished_utc"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    RESULTS["all_ok"] = all(s["ok"] for s in RESULTS["scenarios"].values())
+    save()
+    log(f"scenarios done: all ok {RESULTS['all_ok']}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

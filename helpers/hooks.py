@@ -73,9 +73,11 @@ def _refuse_without_restart(unit: str | None) -> None:
         _say(f"not in {unit}'s cgroup ({read_cgroup(os.getpid())}): no start job to cancel")
         return      # run by hand, not as the unit's ExecStartPre
     from .systemd import cancel_own_start
-    # The stop job SIGTERMs us: still leave with "blocked".
-    signal.signal(signal.SIGTERM, lambda *_: os._exit(exitcodes.BLOCKED))
-    # Said first: the stop job's SIGTERM can end us before StopUnit returns.
+    # The stop job SIGTERMs us.  A Python handler runs only between bytecodes
+    # and was seen on H200 to lose the race (the hook ended by 15/TERM): ignore
+    # the signal instead, so we always leave with "blocked" (exit 2) ourselves,
+    # at once after the cancel.
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     _say(f"start of {unit} refused; no automatic restart (systemctl start it again "
          "once the GPUs are free)")
     why_not = cancel_own_start(unit)

@@ -113,6 +113,8 @@ def test_another_service_on_the_gpus_blocks_the_start(box) -> None:
     log = box.journal("gamma.service")
     assert "belongs to infer-units service alpha.service" in log
     assert "start of gamma.service refused; no automatic restart" in log
+    # the hook leaves with "blocked" itself, not killed by its cancelled job's SIGTERM
+    assert "code=exited, status=2" in log, log
     # Restart=on-failure must not retry a refused start (and take the GPUs
     # unasked once alpha stops).
     time.sleep(3)   # RestartSec is 1s in these models

@@ -47,6 +47,9 @@ class GpuUse:
 class Backend:
     name = "none"
     exact = True      # False where "which GPU" is only a hint
+    # users() costs ~0.05 ms (NVML), not a scan of every process's fds: worth
+    # asking every few ms while killed processes let go of their memory.
+    cheap_users = False
     # Processes the last users() call could not look into (other users' fds
     # when not root): a holder may hide among them.
     unseen: int = 0
@@ -274,6 +277,7 @@ def _text(value: bytes | str) -> str:
 
 class NvmlBackend(Backend):
     name = "nvml"
+    cheap_users = True
 
     def __init__(self, nvml) -> None:  # type: ignore[no-untyped-def]
         self.nvml = nvml

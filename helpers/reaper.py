@@ -26,6 +26,11 @@ from .progress import Progress
 # How often to re-ask the backend while it still lists a pid whose pidfd said
 # "exited" (NVML lags the exit by well under this on H200).
 CONFIRM_POLL_S = 0.002
+# After SIGKILL, how often a cheap backend (NVML) is asked whether the killed
+# processes still hold the GPUs: measured on H200 under systemd, their memory
+# came back 42-110 ms *before* their pidfd became readable (bench/results/
+# 2026-11-30-h200x2-systemd), so the pidfd alone returns that much late.
+KILLED_POLL_S = 0.005
 # Memory no visible process accounts for is re-checked at this pace (backing
 # off from CONFIRM_POLL_S): it belongs to processes we cannot wait on.
 UNACCOUNTED_POLL_MAX_S = 0.1
@@ -302,11 +307,29 @@ class Reaper:
         alive = set(pids.wait(grace_end, tick))
         if alive & {h.info.pid for h in to_kill}:
             self._drop_non_users(pids, to_kill)     # confirm again before SIGKILL
+        killed = []
         for h in to_kill:
             if h.info.pid in pids.fds:
                 self._signal(pids, h, signal.SIGKILL,
                              f"still alive {self.policy.term_grace:g}s after SIGTERM")
-        pids.wait(deadline, tick)
+                killed.append(h)
+        if killed and self.backend.cheap_users:
+            # The memory is the event: stop waiting for a killed process as soon
+            # as the backend no longer lists it, even before its exit is reported
+            # (the others as before, with the usual tick about every second).
+            killed_pids = {h.info.pid for h in killed}
+            slow_tick = [time.monotonic() + 1.0]
+
+            def let_go(alive: list[int]) -> list[int]:
+                listed = self.backend.users(self.gpus)
+                done = [pid for pid in alive if pid in killed_pids and pid not in listed]
+                if time.monotonic() >= slow_tick[0]:
+                    slow_tick[0] = time.monotonic() + 1.0
+                    done += [pid for pid in tick(alive) or () if pid not in done]
+                return done
+            pids.wait(deadline, let_go, tick_s=KILLED_POLL_S)
+        else:
+            pids.wait(deadline, tick)
         gone = {h.info.pid for h in to_kill} - set(pids.alive())
         # The exit is the event; the backend (NVML) must stop listing the pid too.
         while gone and time.monotonic() < deadline:

@@ -336,3 +336,26 @@ def test_drain_reaps_every_holder_but_the_ignore_list(fake_gpus: FakeGpus, holde
     assert keep.alive()
     assert "1 process(es) hold /dev/nvidia*" in done.stderr
     assert "refcount" in done.stderr
+
+
+def test_with_a_cheap_backend_the_killed_process_letting_go_ends_the_wait(
+        fake_gpus: FakeGpus, holders, monkeypatch) -> None:
+    """The NVML path after SIGKILL (users() asked every few ms, not only the
+    pidfd), on the fake backend made to say it is cheap: a TERM-ignoring
+    holder is killed, the reap returns clean, nothing else is signalled."""
+    from infer_units.helpers.gpus import FakeBackend, select
+    from infer_units.helpers.reaper import Reaper, ReapPolicy
+
+    class CheapFake(FakeBackend):
+        cheap_users = True
+
+    stubborn = holders([fake_gpus.devices[0]], mode="ignore-term")
+    bystander = holders([fake_gpus.devices[1]], mode="ignore-term")
+    backend = CheapFake(str(fake_gpus.table))
+    gpus = select(backend.gpus(), "0")
+    result = Reaper(backend, gpus, None, ReapPolicy("kill", 0.3, 10.0)).run()
+    assert result.exit_code == 0, result.as_json()
+    assert [(a.pid, a.signal) for a in result.actions] == [
+        (stubborn.pid, "SIGTERM"), (stubborn.pid, "SIGKILL")]
+    assert not stubborn.alive() and bystander.alive()
+    assert result.seconds < 5

@@ -17,13 +17,11 @@ here imports more than the generator already has (see bench/).
 
 from __future__ import annotations
 
-import os
-
 from .errors import ConfigError
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Any, Callable
+    from typing import Any
 
     from .loader import MergedConfig
     from .model import Model

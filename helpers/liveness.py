@@ -16,7 +16,6 @@ from __future__ import annotations
 import json
 import os
 import socket
-import sys
 import time
 
 from ..generator.liveness import STATE_DIR, cap_marker

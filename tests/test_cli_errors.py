@@ -5,7 +5,6 @@ blank, ambiguous or not ASCII are usage errors, never "all"."""
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import pytest

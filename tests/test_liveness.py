@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import http.server
 import json
-import os
 import socket
 import subprocess
 import threading

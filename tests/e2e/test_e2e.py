@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from e2e_support import add_model, alive, holders, model_toml, show
+from e2e_support import add_model, alive, holders, model_toml, show, wait_until
 
 pytestmark = pytest.mark.e2e
 
@@ -72,7 +72,7 @@ def test_start_reaps_a_stale_foreign_holder_but_not_the_neighbour(box) -> None:
     box.sh("systemd-run --unit=stale-foreign --property=KillMode=process /usr/bin/python3 -c "
            "'import signal,time; f=open(\"/var/lib/fakegpu/nvidia0\"); "
            "signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(3600)'")
-    assert _wait(lambda: any(h["unit"] == "stale-foreign.service" for h in holders(box, "0")))
+    assert wait_until(lambda: any(h["unit"] == "stale-foreign.service" for h in holders(box, "0")))
     stale = [h["pid"] for h in holders(box, "0") if h["unit"] == "stale-foreign.service"][0]
     box.sh("systemctl start alpha")
     assert show(box, "alpha.service", "ActiveState")["ActiveState"] == "active"
@@ -179,7 +179,7 @@ def test_drain_stops_the_services_and_reaps_every_holder(box) -> None:
     box.sh("systemctl start alpha beta")
     box.sh("systemd-run --unit=stray-holder /usr/bin/python3 -c "
            "'import time; f=open(\"/var/lib/fakegpu/nvidia4\"); time.sleep(3600)'")
-    assert _wait(lambda: holders(box, "4") != [])
+    assert wait_until(lambda: holders(box, "4") != [])
     done = box.sh("INFER_UNITS_FAKE_GPUS=/etc/infer-units/fakegpus.json "
                   "infer-units drain --term-grace 2s --timeout 30s", check=False)
     assert done.returncode == 0, done.stderr
@@ -189,12 +189,3 @@ def test_drain_stops_the_services_and_reaps_every_holder(box) -> None:
     assert holders(box, "all") == []
     assert "0 process(es) hold /dev/nvidia*" in done.stderr
     assert "refcount" in done.stderr
-
-
-def _wait(predicate, timeout: float = 10.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.1)
-    return False

@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from e2e_support import add_model, model_toml, show
+from e2e_support import add_model, model_toml, show, wait_until
 
 pytestmark = pytest.mark.e2e
 
@@ -35,15 +35,6 @@ def state(box, name: str) -> dict:
 def unit(box, name: str) -> dict[str, str]:
     return show(box, f"{name}.service", "ActiveState", "SubState", "InvocationID", "MainPID",
                 "NRestarts", "Result")
-
-
-def wait(predicate, timeout: float, step: float = 0.2) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(step)
-    return predicate()
 
 
 def healthy(box, port: int) -> bool:
@@ -77,7 +68,7 @@ def _hang_and_come_back(box, name: str, port: int, how: str, restarts_before: in
     before = unit(box, name)
     started = time.monotonic()
     hang(box, name, how)
-    assert wait(lambda: unit(box, name)["InvocationID"] != before["InvocationID"]
+    assert wait_until(lambda: unit(box, name)["InvocationID"] != before["InvocationID"]
                 and unit(box, name)["ActiveState"] == "active", restart_bound(0.5) + 10), \
         (unit(box, name), state(box, name), box.journal(name + ".service")[-3000:])
     took = time.monotonic() - started
@@ -94,13 +85,13 @@ def test_hang_after_ready_is_restarted_and_healthy_again(box) -> None:
                                         max_restarts=5))
     box.sh("systemctl daemon-reload")
     start(box, name)
-    assert wait(lambda: timer_state(box, name) == "active", 5)
-    assert wait(lambda: state(box, name).get("last_probe", {}).get("ok") is True, 10)
+    assert wait_until(lambda: timer_state(box, name) == "active", 5)
+    assert wait_until(lambda: state(box, name).get("last_probe", {}).get("ok") is True, 10)
     # The timer and its schedule survive a daemon-reload.
     box.sh("systemctl daemon-reload")
     assert timer_state(box, name) == "active"
     probed = state(box, name)["last_probe"]["time"]
-    assert wait(lambda: state(box, name)["last_probe"]["time"] > probed, 5)
+    assert wait_until(lambda: state(box, name)["last_probe"]["time"] > probed, 5)
 
     took = _hang_and_come_back(box, name, port, "", 0)          # no answer at all
     log = box.journal(f"{name}.service")
@@ -165,13 +156,13 @@ def test_long_loads_are_never_probed(box) -> None:
     time.sleep(2)
     assert unit(box, name)["ActiveState"] == "activating"
     assert timer_state(box, name) == "inactive", "the timer runs while the model loads"
-    assert wait(lambda: unit(box, name)["ActiveState"] == "active", load + 30)
+    assert wait_until(lambda: unit(box, name)["ActiveState"] == "active", load + 30)
     first = unit(box, name)
-    assert wait(lambda: state(box, name).get("last_probe", {}).get("ok") is True, 10)
+    assert wait_until(lambda: state(box, name).get("last_probe", {}).get("ok") is True, 10)
     # A crash: systemd's own Restart= reloads it; liveness must not count the reload.
     box.sh(f"kill -KILL {first['MainPID']}")
-    assert wait(lambda: unit(box, name)["NRestarts"] == "1", 15)
-    assert wait(lambda: unit(box, name)["ActiveState"] == "active", load + 30)
+    assert wait_until(lambda: unit(box, name)["NRestarts"] == "1", 15)
+    assert wait_until(lambda: unit(box, name)["ActiveState"] == "active", load + 30)
     time.sleep(2 * INTERVAL)
     s = state(box, name)
     assert s.get("restarts_total", 0) == 0, s
@@ -187,7 +178,7 @@ def test_operator_stop_while_failures_count_is_never_undone(box) -> None:
     box.sh("systemctl daemon-reload")
     start(box, name)
     hang(box, name, "")
-    assert wait(lambda: state(box, name).get("consecutive_failures", 0) >= 1, 15)
+    assert wait_until(lambda: state(box, name).get("consecutive_failures", 0) >= 1, 15)
     box.sh(f"systemctl stop {name}")
     time.sleep(3 * (INTERVAL + TIMEOUT) + 2)
     u = unit(box, name)
@@ -207,7 +198,7 @@ def test_hang_on_every_start_is_capped_and_left_failed(box) -> None:
     box.sh("systemctl daemon-reload")
     started = time.monotonic()
     start(box, name)
-    assert wait(lambda: unit(box, name)["ActiveState"] == "failed", 3 * restart_bound(0.3) + 20), \
+    assert wait_until(lambda: unit(box, name)["ActiveState"] == "failed", 3 * restart_bound(0.3) + 20), \
         (unit(box, name), box.journal(name + ".service")[-3000:])
     took = time.monotonic() - started
     log = box.journal(f"{name}.service")
@@ -229,7 +220,7 @@ def test_hang_on_every_start_is_capped_and_left_failed(box) -> None:
     # liveness watches it again with a whole budget.
     start(box, name)
     assert unit(box, name)["ActiveState"] == "active"
-    assert wait(lambda: timer_state(box, name) == "active", 5)
+    assert wait_until(lambda: timer_state(box, name) == "active", 5)
     box.sh(f"systemctl stop {name}")
     assert unit(box, name)["ActiveState"] == "inactive"
 

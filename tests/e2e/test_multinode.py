@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from e2e_support import FAKE_TABLE, FAKES, show
+from e2e_support import FAKE_TABLE, FAKES, show, wait_until
 from multihost import HOSTS, Group
 
 pytestmark = pytest.mark.e2e
@@ -88,11 +88,10 @@ def group_up(g: Group) -> bool:
     return head_healthy(g) and all(state(g, n)["ActiveState"] == "active" for n in HOSTS)
 
 
-def wait_for(predicate, timeout: float, step: float = 0.2) -> float:
+def wait_for(predicate, timeout: float) -> float:
+    """Seconds until `predicate` held; fails after `timeout`."""
     started = time.monotonic()
-    while not predicate():
-        assert time.monotonic() - started < timeout, f"not within {timeout}s"
-        time.sleep(step)
+    assert wait_until(predicate, timeout), f"not within {timeout}s"
     return time.monotonic() - started
 
 

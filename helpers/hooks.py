@@ -113,6 +113,12 @@ def pre_start(argv: list[str]) -> int:
                         "(e.g. VLLM_ALLREDUCE_USE_FLASHINFER=0), written to the env file")
     a = p.parse_args(argv)
     unit = unit_name(a.unit)
+    from .fence import refusal
+    fenced = refusal(unit)
+    if fenced:            # `infer-units drain`: nothing starts until `resume`
+        _say(fenced)
+        _refuse_without_restart(unit)
+        return exitcodes.BLOCKED
     started = time.monotonic()
     claims = None
     if a.env_file:

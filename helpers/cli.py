@@ -74,7 +74,7 @@ def main() -> None:
 
 @main.command()
 @click.argument("names", nargs=-1, shell_complete=complete_model_names)
-@click.option("--output", type=click.Path(file_okay=False),
+@click.option("--output", type=click.Path(file_okay=False), metavar="DIR",
               help="Write units here instead of stdout.  [default: stdout]")
 @click.option("--json", "as_json", is_flag=True,
               help="Machine-readable: each unit's name, source, links and text (or path).")
@@ -137,7 +137,9 @@ def render(names: tuple[str, ...], output: str | None, as_json: bool) -> None:
 @click.option("--json", "as_json", is_flag=True,
               help="Machine-readable: the files that passed and every error.")
 def check(names: tuple[str, ...], as_json: bool) -> None:
-    """Validate model files (NAMES, or PATHS anywhere), GPU and port overlaps; exit 1 on any error."""
+    """Validate model files: NAMES on the search path, or PATHS anywhere.
+
+    Also GPU and port overlaps between models; exit 1 on any error."""
     from ..generator.build import load_all, render_checked
     from ..generator.errors import ConfigError
 

@@ -67,7 +67,7 @@ def _check_env_file(path: str | None) -> None:
 # --------------------------------------------------------------------- holders
 
 @main.command()
-@click.option("--gpus", "selector", default=None,
+@click.option("--gpus", "selector", default=None, metavar="SEL",
               help='GPUs to look at: "0,1", "GPU-…", PCI ids or "all".  [default: all]')
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def holders(selector: str | None, as_json: bool) -> None:
@@ -111,7 +111,7 @@ def holders(selector: str | None, as_json: bool) -> None:
 # --------------------------------------------------------------------- reap
 
 @main.command()
-@click.option("--gpus", "selector", required=True, help='"0,1", "GPU-…", PCI ids, or "all".')
+@click.option("--gpus", "selector", required=True, metavar="SEL", help='"0,1", "GPU-…", PCI ids, or "all".')
 @click.option("--unit", type=UNIT, default=None,
               help="The service doing the reaping (its cgroup is its own).")
 @click.option("--foreign", type=click.Choice(["kill", "wait", "fail"]), default="kill",
@@ -120,7 +120,8 @@ def holders(selector: str | None, as_json: bool) -> None:
 @click.option("--timeout", type=DURATION, default="60s", help="Overall limit after the grace.")
 @click.option("--ignore", multiple=True, metavar="NAME",
               help="Process name never touched, beyond the built-ins (repeatable).")
-@click.option("--env-file", default=None, help="Write CUDA_VISIBLE_DEVICES (UUIDs) here.")
+@click.option("--env-file", default=None, metavar="PATH",
+              help="Write CUDA_VISIBLE_DEVICES (UUIDs) here.")
 @click.option("--dry-run", is_flag=True, help="Say what would be done; touch nothing.")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def reap(selector: str, unit: str | None, foreign: str, term_grace: float, timeout: float,
@@ -155,7 +156,7 @@ def reap(selector: str, unit: str | None, foreign: str, term_grace: float, timeo
 
 @main.command("wait-port")
 @click.option("--port", type=PORT, required=True, help="TCP port the server will listen on.")
-@click.option("--host", default="127.0.0.1", help="Address the server will bind.")
+@click.option("--host", default="127.0.0.1", metavar="ADDR", help="Address the server will bind.")
 @click.option("--timeout", type=DURATION, default="60s", help="How long to wait; then exit 3.")
 def wait_port(port: int, host: str, timeout: float) -> None:
     """Wait until the port is free; name who holds it if it is not."""
@@ -191,11 +192,12 @@ _register_hooks()
 # --------------------------------------------------------------------- p2p-check
 
 @main.command("p2p-check")
-@click.option("--gpus", "selector", required=True,
+@click.option("--gpus", "selector", required=True, metavar="SEL",
               help='GPUs to test pairwise: "0,1", "GPU-…", PCI ids or "all".')
-@click.option("--env-file", default=None,
+@click.option("--env-file", default=None, metavar="PATH",
               help="Set or clear NCCL_P2P_DISABLE here.  [default: only report]")
-@click.option("--python", "python", default=sys.executable,
+@click.option("--python", "python", default=sys.executable, metavar="PATH",
+              show_default="the interpreter running infer-units",
               help="Interpreter with torch (the engine's).")
 @click.option("--timeout", type=DURATION, default="90s", help="Limit for the whole self-test.")
 def p2p_check(selector: str, env_file: str | None, python: str, timeout: float) -> None:

@@ -175,7 +175,7 @@ def drain(timeout: float, term_grace: float, ignore: tuple[str, ...],
 def resume(wait: float | None) -> tuple[int, dict[str, Any]]:
     """Lift the fence, then start exactly the units drain stopped (0 when
     all are active; 3 when one failed or is still starting after `wait`)."""
-    from .systemd import SystemdUnavailable, start_units
+    from .systemd import SystemdUnavailable, list_unit_states, start_units
     report: dict[str, Any] = {"schema": SCHEMA_VERSION, "fence": fence.path(),
                               "was_fenced": False, "start": [], "states": {}}
     try:
@@ -190,9 +190,16 @@ def resume(wait: float | None) -> tuple[int, dict[str, Any]]:
         report["exit"] = exitcodes.CLEAN
         return exitcodes.CLEAN, report
     report["was_fenced"] = True
-    fence.lift()
     units = [u for u in record["stopped"] if isinstance(u, str) and u.endswith(".service")]
     report["start"] = units
+    if units:
+        try:
+            list_unit_states(units)     # systemd must be there to start them: else keep the fence
+        except SystemdUnavailable as e:
+            _log(f"cannot start {', '.join(units)}: {e}; the fence stays ({fence.path()})")
+            report["exit"] = exitcodes.CONFIG_ERROR
+            return exitcodes.CONFIG_ERROR, report
+    fence.lift()
     _log(f"lifted the fence {fence.path()}" + (f"; starting {', '.join(units)}" if units
                                               else "; drain stopped nothing"))
     if not units:
@@ -205,7 +212,8 @@ def resume(wait: float | None) -> tuple[int, dict[str, Any]]:
         report["exit"] = exitcodes.CONFIG_ERROR
         return exitcodes.CONFIG_ERROR, report
     report["states"] = states
-    bad = {u: s for u, s in states.items() if s != "active"} if wait is not None else {}
+    bad = {u: s for u, s in states.items()
+           if s != "active" and (wait is not None or s.startswith("not started"))}
     for unit, state in bad.items():
         _log(f"{unit}: {state} (journalctl -u {unit})")
     code = exitcodes.TIMED_OUT if bad else exitcodes.CLEAN

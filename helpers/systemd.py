@@ -109,21 +109,24 @@ def _has_job(name: str) -> bool:
 
 def start_units(names: list[str], timeout: float | None) -> dict[str, str]:
     """Queue a start job for each unit, then wait (up to `timeout`; None: not
-    at all) until each is active or failed.  Returns unit -> ActiveState."""
+    at all) until each is active or failed.  Returns unit -> ActiveState, or
+    "not started: why" for a unit systemd refused to queue."""
     manager = _manager()
+    refused: dict[str, str] = {}
     for name in names:
         try:
             manager.Manager.StartUnit(name.encode(), b"replace")
-        except Exception as e:
-            raise SystemdUnavailable(f"StartUnit {name} failed: {e}") from None
+        except Exception as e:   # e.g. the model file was removed meanwhile: start the rest
+            refused[name] = f"not started: {_s(e)}"
+    queued = [n for n in names if n not in refused]
     deadline = time.monotonic() + (timeout or 0.0)
     while True:
-        states = {n: unit_state(n).active_state for n in names}
+        states = {n: unit_state(n).active_state for n in queued}
         # "inactive" with its start job still queued has not begun yet
         settled = all(s in ("active", "failed") or (s == "inactive" and not _has_job(n))
                       for n, s in states.items())
         if settled or timeout is None or time.monotonic() >= deadline:
-            return states
+            return {**states, **refused}
         time.sleep(0.2)
 
 

@@ -51,6 +51,8 @@ def test_a_second_drain_keeps_what_the_first_stopped(fake_gpus: FakeGpus) -> Non
     assert report["fence"] == {"path": str(fence), "stopped": ["a.service"]}
     run_cli("drain", "--json", env=env, check=0)
     assert json.loads(fence.read_text())["stopped"] == ["a.service"]
+    kept = run_cli("resume", env=env)      # no systemd to start a.service: the fence stays
+    assert kept.returncode == 1 and "the fence stays" in kept.stderr and fence.exists()
     fence.write_text("{half")
     broken = run_cli("resume", env=env)
     assert broken.returncode == 1 and "unreadable fence" in broken.stderr

@@ -12,12 +12,36 @@ import click
 from .exitcodes import CLEAN, CONFIG_ERROR
 
 
-def _duration(value: str, name: str) -> float:
-    from ..generator.durations import parse_duration
-    try:
-        return parse_duration(value)
-    except ValueError as e:
-        raise click.BadParameter(str(e), param_hint=name) from None
+class Duration(click.ParamType):
+    """A systemd time span ("10s", "2min", "1h 30min") -> seconds.  Defaults
+    are given as text so --help shows "10s", not 10.0."""
+
+    name = "duration"
+
+    def convert(self, value: Any, param: Any, ctx: Any) -> float:
+        if isinstance(value, float):
+            return value
+        from .argtypes import duration
+        try:
+            return duration(str(value))
+        except ValueError as e:
+            self.fail(str(e), param, ctx)
+
+
+DURATION = Duration()
+
+
+def complete_model_names(ctx: Any, param: Any, incomplete: str) -> list[str]:
+    """Model names on the search path, for bash completion."""
+    from ..generator.loader import discover
+    return sorted(n for n in discover()[0] if n.startswith(incomplete))
+
+
+def echo_json(data: Any) -> None:
+    """Machine-readable output: stdout holds exactly one JSON document,
+    whatever is logged on stderr."""
+    import json
+    click.echo(json.dumps(data, indent=2, ensure_ascii=False, default=str))
 
 
 class _Group(click.Group):
@@ -38,7 +62,9 @@ class _Group(click.Group):
             sys.exit(CONFIG_ERROR)
 
 
-@click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
+# show_default: every option's default in --help (the subcommands inherit it).
+@click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"],
+                                           "show_default": True})
 @click.version_option(package_name=None, version=__import__("infer_units").__version__)
 def main() -> None:
     """Systemd services for multi-GPU inference servers that clean their GPUs."""
@@ -47,10 +73,13 @@ def main() -> None:
 # ---------------------------------------------------------------- generator views
 
 @main.command()
-@click.argument("names", nargs=-1)
-@click.option("--output", type=click.Path(file_okay=False), help="Write units here instead of stdout.")
-def render(names: tuple[str, ...], output: str | None) -> None:
-    """Print (or write) what the generator would write."""
+@click.argument("names", nargs=-1, shell_complete=complete_model_names)
+@click.option("--output", type=click.Path(file_okay=False), metavar="DIR",
+              help="Write units here instead of stdout.  [default: stdout]")
+@click.option("--json", "as_json", is_flag=True,
+              help="Machine-readable: each unit's name, source, links and text (or path).")
+def render(names: tuple[str, ...], output: str | None, as_json: bool) -> None:
+    """Print (or write) what the generator would write for NAMES (default: every model)."""
     from ..generator.build import load_all, render_checked
     from ..generator.errors import ConfigError
     from ..generator.main import write_unit
@@ -70,37 +99,55 @@ def render(names: tuple[str, ...], output: str | None) -> None:
         except OSError as e:
             click.echo(f"error: {output}: cannot create: {e.strerror}", err=True)
             sys.exit(CONFIG_ERROR)
-    failed = False
+    failed: list[str] = []
+    units: list[dict[str, Any]] = []
     for model in loaded.models:
         try:
-            units = render_checked(model)       # the unit, then its [liveness] companions
+            rendered = render_checked(model)    # the unit, then its [liveness] companions
             if output:
-                for unit in units:
+                for unit in rendered:
                     write_unit(output, unit)
         except (ConfigError, OSError) as e:
             what = e if isinstance(e, ConfigError) else f"{model.main_path}: cannot write: {e.strerror}"
             click.echo(f"error: {what}", err=True)
-            failed = True
+            failed.append(str(what))
             continue
-        for unit in units:
+        for unit in rendered:
+            entry = {"name": unit.name, "source": model.main_path, "links": list(unit.links)}
             if output:
-                click.echo(os.path.join(output, unit.name))
+                entry["path"] = os.path.join(output, unit.name)
+            else:
+                entry["text"] = unit.text
+            units.append(entry)
+            if as_json:
+                continue
+            if output:
+                click.echo(entry["path"])
             else:
                 click.echo(f"# {unit.name}" + (f" (linked from {', '.join(unit.links)})" if unit.links else ""))
                 click.echo(unit.text)
-    if loaded.errors or missing or failed:
-        sys.exit(CONFIG_ERROR)
+    code = CONFIG_ERROR if loaded.errors or missing or failed else CLEAN
+    if as_json:
+        echo_json({"units": units, "errors": [str(e) for e in loaded.errors] + failed +
+                   [f"no model file named {n}.toml on the search path" for n in sorted(missing)],
+                   "conflicts": [str(c) for c in loaded.conflicts], "exit": code})
+    sys.exit(code)
 
 
 @main.command()
-@click.argument("names", nargs=-1)
-def check(names: tuple[str, ...]) -> None:
-    """Validate model files, GPU and port overlaps; exit 1 on any error."""
+@click.argument("names", nargs=-1, shell_complete=complete_model_names)
+@click.option("--json", "as_json", is_flag=True,
+              help="Machine-readable: the files that passed and every error.")
+def check(names: tuple[str, ...], as_json: bool) -> None:
+    """Validate model files: NAMES on the search path, or PATHS anywhere.
+
+    Also GPU and port overlaps between models; exit 1 on any error."""
     from ..generator.build import load_all, render_checked
     from ..generator.errors import ConfigError
 
     loaded = load_all(list(names))
-    problems = [*loaded.errors, *loaded.conflicts]
+    problems: list[Any] = [*loaded.errors, *loaded.conflicts]
+    passed: list[dict[str, str]] = []
     for problem in problems:
         click.echo(f"error: {problem}", err=True)
     for model in loaded.models:
@@ -110,10 +157,15 @@ def check(names: tuple[str, ...]) -> None:
             click.echo(f"error: {e}", err=True)
             problems.append(e)
             continue
-        click.echo(f"ok: {model.main_path} -> {model.unit_name}")
+        passed.append({"path": model.main_path, "unit": model.unit_name})
+        if not as_json:
+            click.echo(f"ok: {model.main_path} -> {model.unit_name}")
     if not loaded.models and not problems:
         click.echo("no model files on the search path", err=True)
-    sys.exit(CONFIG_ERROR if problems else CLEAN)
+    code = CONFIG_ERROR if problems else CLEAN
+    if as_json:
+        echo_json({"ok": passed, "errors": [str(p) for p in problems], "exit": code})
+    sys.exit(code)
 
 
 from . import cli_gpu  # noqa: E402,F401  (registers the GPU commands on `main`)

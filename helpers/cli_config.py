@@ -21,7 +21,7 @@ from typing import Any
 import click
 
 from . import exitcodes
-from .cli import main
+from .cli import complete_model_names, main
 
 OVERRIDE = "override.toml"
 # Like systemctl edit: what is above the first marker is the drop-in; the rest is for reference.
@@ -110,14 +110,8 @@ def _load(name: str, dirs: list[str]) -> Any:
         _fail(str(e))
 
 
-def _complete_names(ctx: Any, param: Any, incomplete: str) -> list[str]:
-    """Model names on the search path, for bash completion."""
-    from ..generator.loader import discover
-    return sorted(n for n in discover()[0] if n.startswith(incomplete))
-
-
 @main.command("cat")
-@click.argument("name", shell_complete=_complete_names)
+@click.argument("name", shell_complete=complete_model_names)
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable: every key with its value and file.")
 def cat_command(name: str, as_json: bool) -> None:
     """The merged model NAME: every value with the file it came from."""
@@ -208,7 +202,7 @@ def _reload() -> None:
 
 
 @main.command("edit")
-@click.argument("name", shell_complete=_complete_names)
+@click.argument("name", shell_complete=complete_model_names)
 @click.option("--no-reload", is_flag=True, help="Do not run systemctl daemon-reload afterwards.")
 def edit_command(name: str, no_reload: bool) -> None:
     """Edit NAME's drop-in NAME.toml.d/override.toml in $EDITOR; kept only if

@@ -1,6 +1,6 @@
 """The operator commands of `infer-units` that touch GPUs, ports and systemd:
-holders, reap, wait-port, p2p-check, status, drain; and the unit hooks
-(pre-start, wait-ready, wait-free) listed for --help, run by hooks.py."""
+holders, reap, wait-port, p2p-check, status, drain, resume; and the unit hooks
+(entry.HOOKS: pre-start, wait-ready, wait-free) registered hidden, run by hooks.py."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import sys
 import click
 
 from . import argtypes, exitcodes
-from .cli import main
+from .cli import DURATION, complete_model_names, echo_json, main
 from .hooks import gpus_or_exit, unit_name
 from .table import format_table
 
@@ -19,13 +19,6 @@ from .table import format_table
 def _fail(message: str, code: int = exitcodes.CONFIG_ERROR) -> None:
     click.echo(f"infer-units: {message}", err=True)
     sys.exit(code)
-
-
-def _duration(value: str, name: str) -> float:
-    try:
-        return argtypes.duration(value)
-    except ValueError as e:
-        raise click.BadParameter(str(e), param_hint=name) from None
 
 
 class _Checked(click.ParamType):
@@ -74,7 +67,8 @@ def _check_env_file(path: str | None) -> None:
 # --------------------------------------------------------------------- holders
 
 @main.command()
-@click.option("--gpus", "selector", default=None, help="GPUs to look at (default: all).")
+@click.option("--gpus", "selector", default=None, metavar="SEL",
+              help='GPUs to look at: "0,1", "GPU-…", PCI ids or "all".  [default: all]')
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def holders(selector: str | None, as_json: bool) -> None:
     """Who uses which GPU: pid, user, unit or container, GPU, memory, cmdline."""
@@ -117,23 +111,26 @@ def holders(selector: str | None, as_json: bool) -> None:
 # --------------------------------------------------------------------- reap
 
 @main.command()
-@click.option("--gpus", "selector", required=True, help='"0,1", "GPU-…", PCI ids, or "all".')
+@click.option("--gpus", "selector", required=True, metavar="SEL", help='"0,1", "GPU-…", PCI ids, or "all".')
 @click.option("--unit", type=UNIT, default=None,
               help="The service doing the reaping (its cgroup is its own).")
-@click.option("--foreign", type=click.Choice(["kill", "wait", "fail"]), default="kill")
-@click.option("--term-grace", default="10s", help="SIGTERM to SIGKILL.")
-@click.option("--timeout", default="60s", help="Overall limit after the grace.")
-@click.option("--ignore", multiple=True, help="Process names never touched (adds to the built-ins).")
-@click.option("--env-file", default=None, help="Write CUDA_VISIBLE_DEVICES (UUIDs) here.")
+@click.option("--foreign", type=click.Choice(["kill", "wait", "fail"]), default="kill",
+              help="Processes of no infer-units service: kill them, wait for them, or exit 2.")
+@click.option("--term-grace", type=DURATION, default="10s", help="Time from SIGTERM to SIGKILL.")
+@click.option("--timeout", type=DURATION, default="60s", help="Overall limit after the grace.")
+@click.option("--ignore", multiple=True, metavar="NAME",
+              help="Process name never touched, beyond the built-ins (repeatable).")
+@click.option("--env-file", default=None, metavar="PATH",
+              help="Write CUDA_VISIBLE_DEVICES (UUIDs) here.")
 @click.option("--dry-run", is_flag=True, help="Say what would be done; touch nothing.")
-@click.option("--json", "as_json", is_flag=True)
-def reap(selector: str, unit: str | None, foreign: str, term_grace: str, timeout: str,
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+def reap(selector: str, unit: str | None, foreign: str, term_grace: float, timeout: float,
          ignore: tuple[str, ...], env_file: str | None, dry_run: bool, as_json: bool) -> None:
     """Reap the users of GPUs and wait until they are free."""
     from .metrics import record_reap
     from .reaper import Reaper, ReapPolicy
-    policy = ReapPolicy(foreign=foreign, term_grace=_duration(term_grace, "--term-grace"),
-                        timeout=_duration(timeout, "--timeout"), ignore=ignore, dry_run=dry_run)
+    policy = ReapPolicy(foreign=foreign, term_grace=term_grace,
+                        timeout=timeout, ignore=ignore, dry_run=dry_run)
     _check_env_file(env_file)
     b, gpus = _gpus(selector)
     result = Reaper(b, gpus, unit_name(unit), policy).run()
@@ -158,13 +155,13 @@ def reap(selector: str, unit: str | None, foreign: str, term_grace: str, timeout
 # --------------------------------------------------------------------- wait-port
 
 @main.command("wait-port")
-@click.option("--port", type=PORT, required=True)
-@click.option("--host", default="127.0.0.1")
-@click.option("--timeout", default="60s")
-def wait_port(port: int, host: str, timeout: str) -> None:
+@click.option("--port", type=PORT, required=True, help="TCP port the server will listen on.")
+@click.option("--host", default="127.0.0.1", metavar="ADDR", help="Address the server will bind.")
+@click.option("--timeout", type=DURATION, default="60s", help="How long to wait; then exit 3.")
+def wait_port(port: int, host: str, timeout: float) -> None:
     """Wait until the port is free; name who holds it if it is not."""
     from .ports import wait_port_reporting
-    if not wait_port_reporting(host, port, _duration(timeout, "--timeout"),
+    if not wait_port_reporting(host, port, timeout,
                                lambda m: click.echo(f"infer-units: {m}", err=True)):
         sys.exit(exitcodes.TIMED_OUT)
 
@@ -172,9 +169,10 @@ def wait_port(port: int, host: str, timeout: str) -> None:
 # --------------------------------------------------------------------- unit hooks
 
 def _hook_command(name: str, summary: str) -> None:
-    """Listed here for --help and completion; helpers/entry.py runs them
-    without click (they are on every start's path)."""
-    @main.command(name, help=summary, add_help_option=False,
+    """Hidden from --help (operators never type them; `infer-units NAME
+    --help` still works); helpers/entry.py runs them without click (they are
+    on every start's path): this is for callers of `main` itself."""
+    @main.command(name, help=summary, add_help_option=False, hidden=True,
                   context_settings={"ignore_unknown_options": True, "allow_extra_args": True})
     @click.pass_context
     def command(ctx: click.Context) -> None:
@@ -182,26 +180,32 @@ def _hook_command(name: str, summary: str) -> None:
         sys.exit(run([name, *ctx.args]))
 
 
-_hook_command("pre-start", "ExecStartPre: reap, wait for GPUs and port, P2P self-test.")
-_hook_command("wait-ready", "ExecStartPost: wait for health; fail at once if the server dies.")
-_hook_command("wait-free", "ExecStopPost: wait until the GPUs are free; report what holds them.")
+def _register_hooks() -> None:
+    from .entry import HOOKS
+    for name, summary in HOOKS.items():
+        _hook_command(name, summary)
+
+
+_register_hooks()
 
 
 # --------------------------------------------------------------------- p2p-check
 
 @main.command("p2p-check")
-@click.option("--gpus", "selector", required=True)
-@click.option("--env-file", default=None,
-              help="Set or clear NCCL_P2P_DISABLE here (default: only report).")
-@click.option("--python", "python", default=sys.executable,
+@click.option("--gpus", "selector", required=True, metavar="SEL",
+              help='GPUs to test pairwise: "0,1", "GPU-…", PCI ids or "all".')
+@click.option("--env-file", default=None, metavar="PATH",
+              help="Set or clear NCCL_P2P_DISABLE here.  [default: only report]")
+@click.option("--python", "python", default=sys.executable, metavar="PATH",
+              show_default="the interpreter running infer-units",
               help="Interpreter with torch (the engine's).")
-@click.option("--timeout", default="90s")
-def p2p_check(selector: str, env_file: str | None, python: str, timeout: str) -> None:
+@click.option("--timeout", type=DURATION, default="90s", help="Limit for the whole self-test.")
+def p2p_check(selector: str, env_file: str | None, python: str, timeout: float) -> None:
     """Copy-and-compare between every GPU pair; NCCL_P2P_DISABLE=1 on failure."""
     from .envfile import EnvFileError
     from .metrics import record_p2p
     from .p2p import check_p2p
-    seconds = _duration(timeout, "--timeout")
+    seconds = timeout
     _check_env_file(env_file)
     _b, gpus = _gpus(selector)
     try:
@@ -217,29 +221,56 @@ def p2p_check(selector: str, env_file: str | None, python: str, timeout: str) ->
 # --------------------------------------------------------------------- status
 
 @main.command()
-@click.argument("names", nargs=-1)
+@click.argument("names", nargs=-1, shell_complete=complete_model_names)
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def status(names: tuple[str, ...], as_json: bool) -> None:
-    """systemd state, GPUs, memory and health of every model (or NAMEs)."""
-    from .status import collect, table
+    """systemd state, GPUs, memory and health of every model (or NAMES).
+    Exit 0 when none has failed; 3 when one has (like `systemctl status`);
+    1 for an unknown name or when systemd cannot be asked."""
+    from .status import collect, exit_code, table
     report = collect(list(names))
     click.echo(json.dumps(report, indent=2) if as_json else table(report))
     for name in report["unknown"]:
         click.echo(f"infer-units: no model file named {name}.toml on the search path", err=True)
-    if report["unknown"]:
-        sys.exit(exitcodes.CONFIG_ERROR)
+    for error in sorted({m["systemd"]["error"] for m in report["models"]
+                         if not m["systemd"]["available"]}):
+        click.echo(f"infer-units: systemd's view unavailable: {error}", err=True)
+    sys.exit(exit_code(report))
 
 
 # --------------------------------------------------------------------- drain
 
 @main.command()
-@click.option("--timeout", default="60s")
-@click.option("--term-grace", default="10s")
-@click.option("--ignore", multiple=True)
-@click.option("--dry-run", is_flag=True)
-def drain(timeout: str, term_grace: str, ignore: tuple[str, ...], dry_run: bool) -> None:
-    """Stop every infer-units service and reap every /dev/nvidia* holder (before a driver reload)."""
+@click.option("--timeout", type=DURATION, default="60s",
+              help="How long the services may take to stop, and the holders to go after the grace.")
+@click.option("--term-grace", type=DURATION, default="10s", help="Time from SIGTERM to SIGKILL.")
+@click.option("--ignore", multiple=True, metavar="NAME",
+              help="Process name never touched, beyond the built-ins (repeatable).")
+@click.option("--dry-run", is_flag=True,
+              help="Say which units would stop and which pids get signals; change nothing.")
+@click.option("--json", "as_json", is_flag=True,
+              help="Machine-readable: units stopped, pids signalled, the fence, module users.")
+def drain(timeout: float, term_grace: float, ignore: tuple[str, ...], dry_run: bool,
+          as_json: bool) -> None:
+    """Before a driver reload: fence starts, stop every running infer-units
+    service, reap every /dev/nvidia* holder.  Models stay fenced (a start,
+    Restart= included, is refused) until `infer-units resume`."""
     from .drain import drain as run_drain
-    code = run_drain(_duration(timeout, "--timeout"), _duration(term_grace, "--term-grace"),
-                     ignore, dry_run)
+    code, report = run_drain(timeout, term_grace, ignore, dry_run)
+    if as_json:
+        echo_json(report)
+    sys.exit(code)
+
+
+@main.command()
+@click.option("--timeout", type=DURATION, default="20min",
+              help="How long to wait for the units to become active; then exit 3.")
+@click.option("--no-block", is_flag=True, help="Queue the starts; do not wait for them.")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+def resume(timeout: float, no_block: bool, as_json: bool) -> None:
+    """Lift drain's fence and start again exactly the units drain stopped."""
+    from .drain import resume as run_resume
+    code, report = run_resume(None if no_block else timeout)
+    if as_json:
+        echo_json(report)
     sys.exit(code)

@@ -115,6 +115,12 @@ def pre_start(argv: list[str]) -> int:
                         "(e.g. VLLM_ALLREDUCE_USE_FLASHINFER=0), written to the env file")
     a = p.parse_args(argv)
     unit = unit_name(a.unit)
+    from .fence import refusal
+    fenced = refusal(unit)
+    if fenced:            # `infer-units drain`: nothing starts until `resume`
+        _say(fenced)
+        _refuse_without_restart(unit)
+        return exitcodes.BLOCKED
     started = time.monotonic()
     claims = None
     if a.env_file:
@@ -254,7 +260,13 @@ def wait_free(argv: list[str]) -> int:
     return result.exit_code
 
 
-COMMANDS = {"pre-start": pre_start, "wait-ready": wait_ready, "wait-free": wait_free}
+def liveness_probe(argv: list[str]) -> int:
+    from .liveness import main as liveness_main      # run by <name>-liveness.service
+    return liveness_main(argv)
+
+
+COMMANDS = {"pre-start": pre_start, "wait-ready": wait_ready, "wait-free": wait_free,
+            "liveness-probe": liveness_probe}
 
 
 def run(argv: list[str]) -> int:

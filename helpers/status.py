@@ -163,3 +163,25 @@ def table(report: dict[str, Any]) -> str:
     lines = format_table(rows)
     lines += [f"error: {e}" for e in report["errors"]] + [f"note: {n}" for n in notes]
     return "\n".join(lines)
+
+
+# Exit codes of `infer-units status` (README "Commands"):
+#   1  an unknown name, or systemd could not be asked about some model: like
+#      systemctl without a running systemd ("System has not been booted with
+#      systemd", exit 1); the report cannot say whether models run.
+#   3  a model is failed: `systemctl status` exits 3 for a unit that is not
+#      running (LSB), so scripts and monitoring read it the same way.  The
+#      number is also DESIGN's "timed out with holders left"; status never
+#      reaps, so the two cannot meet in one command.
+#   0  otherwise (stopped models are not failures: an operator stopped them).
+FAILED = 3
+
+
+def exit_code(report: dict[str, Any]) -> int:
+    from .exitcodes import CLEAN, CONFIG_ERROR
+    models = report["models"]
+    if report["unknown"] or any(not m["systemd"]["available"] for m in models):
+        return CONFIG_ERROR
+    if any(m["systemd"].get("active_state") == "failed" for m in models):
+        return FAILED
+    return CLEAN

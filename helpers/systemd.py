@@ -88,6 +88,48 @@ def list_units(patterns: list[str]) -> list[str]:
     return sorted(_s(row[0]) for row in rows)
 
 
+def list_unit_states(patterns: list[str]) -> dict[str, str]:
+    """Loaded units matching glob patterns -> their ActiveState, in one call."""
+    manager = _manager()
+    try:
+        rows = manager.Manager.ListUnitsByPatterns([], [p.encode() for p in patterns])
+    except Exception as e:
+        raise SystemdUnavailable(f"ListUnitsByPatterns failed: {e}") from None
+    return {_s(row[0]): _s(row[3]) for row in sorted(rows)}
+
+
+def _has_job(name: str) -> bool:
+    try:
+        return int(_unit(name).Unit.Job[0]) != 0
+    except SystemdUnavailable:
+        raise
+    except Exception as e:
+        raise SystemdUnavailable(f"cannot read {name}'s job: {e}") from None
+
+
+def start_units(names: list[str], timeout: float | None) -> dict[str, str]:
+    """Queue a start job for each unit, then wait (up to `timeout`; None: not
+    at all) until each is active or failed.  Returns unit -> ActiveState, or
+    "not started: why" for a unit systemd refused to queue."""
+    manager = _manager()
+    refused: dict[str, str] = {}
+    for name in names:
+        try:
+            manager.Manager.StartUnit(name.encode(), b"replace")
+        except Exception as e:   # e.g. the model file was removed meanwhile: start the rest
+            refused[name] = f"not started: {_s(e)}"
+    queued = [n for n in names if n not in refused]
+    deadline = time.monotonic() + (timeout or 0.0)
+    while True:
+        states = {n: unit_state(n).active_state for n in queued}
+        # "inactive" with its start job still queued has not begun yet
+        settled = all(s in ("active", "failed") or (s == "inactive" and not _has_job(n))
+                      for n, s in states.items())
+        if settled or timeout is None or time.monotonic() >= deadline:
+            return {**states, **refused}
+        time.sleep(0.2)
+
+
 def stop_units(names: list[str], timeout: float) -> list[str]:
     """Stop units and wait until each is inactive or failed; returns those that are not."""
     manager = _manager()

@@ -153,7 +153,7 @@ def test_json_stays_valid_with_corrupt_state_and_unwritable_metrics(fake_gpus: F
     done = run_cli("status", "--json", env=fake_gpus.env(
         INFER_UNITS_STATE_DIR=str(state), INFER_UNITS_CONFIG_PATH=str(etc),
         DBUS_SYSTEM_BUS_ADDRESS="unix:path=/nonexistent"))
-    assert done.returncode == 0, done.stderr
+    assert done.returncode == 1 and "systemd's view unavailable" in done.stderr, done.stderr
     assert json.loads(done.stdout)["models"][0]["name"] == "m"
     bad = run_cli("status", "m", "ghost", env=fake_gpus.env(
         INFER_UNITS_CONFIG_PATH=str(etc), DBUS_SYSTEM_BUS_ADDRESS="unix:path=/nonexistent"))

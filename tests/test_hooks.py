@@ -214,7 +214,7 @@ def test_status_json_schema_without_systemd(fake_gpus: FakeGpus, holders, tmp_pa
     serve_later(port, 0)
     time.sleep(0.2)
     env = fake_gpus.env(INFER_UNITS_CONFIG_PATH=str(etc), DBUS_SYSTEM_BUS_ADDRESS="unix:path=/nonexistent")
-    report = json.loads(run_cli("status", "--json", env=env, check=0).stdout)
+    report = json.loads(run_cli("status", "--json", env=env, check=1).stdout)
     assert report["schema"] == 1 and report["errors"] == []
     [m] = report["models"]
     assert set(m) >= {"name", "unit", "source", "engine", "port", "health_url", "systemd",
@@ -223,7 +223,7 @@ def test_status_json_schema_without_systemd(fake_gpus: FakeGpus, holders, tmp_pa
     assert [g["index"] for g in m["gpu"]["gpus"]] == [2, 3]
     assert [(p["pid"], p["kind"]) for p in m["gpu"]["processes"]] == [(h.pid, "foreign")]
     assert m["health"] == {"ok": True, "answer": "HTTP 200"}
-    table = run_cli("status", env=env, check=0).stdout
+    table = run_cli("status", env=env, check=1).stdout   # 1: no systemd here
     assert "systemd unavailable" in table and f"pid {h.pid} (foreign)" in table
 
 

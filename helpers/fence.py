@@ -1,0 +1,103 @@
+"""The drain fence: while RUN_DIR/drain.fence exists no model starts.
+
+`infer-units drain` writes it before it stops anything (so a unit that
+Restart= brings back while the services stop, or one an operator or a timer
+starts during the driver reload, is refused by its own pre-start), and
+records in it the units it stopped; `infer-units resume` removes it and
+starts exactly those again.  RUN_DIR is /run/infer-units (a tmpfs: a reboot,
+which reloads the driver anyway, lifts the fence), or $INFER_UNITS_RUN_DIR.
+
+pre-start reads it on every start: this module imports only os and json.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+
+NAME = "drain.fence"
+
+
+def path() -> str:
+    return os.path.join(os.environ.get("INFER_UNITS_RUN_DIR", "/run/infer-units"), NAME)
+
+
+class FenceError(Exception):
+    pass
+
+
+def read() -> dict | None:
+    """The fence's record, None when there is no fence.  A fence that exists
+    but cannot be parsed is still a fence: FenceError."""
+    p = path()
+    try:
+        with open(p, encoding="utf-8") as f:
+            text = f.read()
+    except FileNotFoundError:
+        return None
+    except OSError as e:
+        raise FenceError(f"{p}: cannot read: {e.strerror}") from None
+    try:
+        record = json.loads(text)
+        if not isinstance(record, dict) or not isinstance(record.get("stopped", []), list):
+            raise ValueError("not a fence record")
+        record.setdefault("stopped", [])
+        return record
+    except ValueError as e:
+        raise FenceError(f"{p}: unreadable fence ({e})") from None
+
+
+def refusal(unit: str | None) -> str | None:
+    """Why `unit` may not start now, or None: pre-start's first check."""
+    p = path()
+    if not os.path.lexists(p):
+        return None
+    try:
+        record = read() or {}
+        since = f" since {record['since_text']}" if record.get("since_text") else ""
+    except FenceError:
+        since = ""
+    return (f"start of {unit or 'the model'} refused: GPUs drained by `infer-units drain`{since} "
+            f"(fence {p}); run `infer-units resume` once the driver is back")
+
+
+def _old() -> dict:
+    try:
+        return read() or {}
+    except FenceError:
+        return {}
+
+
+def merged(stopped: list[str]) -> list[str]:
+    """The units the fence records after write(stopped): a second drain keeps
+    the units the first one stopped (resume starts them all)."""
+    return list(dict.fromkeys([*_old().get("stopped", []), *stopped]))
+
+
+def write(stopped: list[str]) -> dict:
+    """Create or extend the fence (atomically: pre-start never reads half a file)."""
+    old = _old()
+    units = merged(stopped)
+    now = time.time()
+    record = {"since": old.get("since", now),
+              "since_text": old.get("since_text",
+                                    time.strftime("%Y-%m-%d %H:%M:%S %Z", time.localtime(now))),
+              "stopped": units, "by_pid": os.getpid()}
+    p = path()
+    os.makedirs(os.path.dirname(p), mode=0o755, exist_ok=True)
+    staged = f"{p}.{os.getpid()}.tmp"
+    with open(staged, "w", encoding="utf-8") as f:
+        json.dump(record, f, indent=2)
+        f.write("\n")
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(staged, p)
+    return record
+
+
+def lift() -> None:
+    try:
+        os.unlink(path())
+    except FileNotFoundError:
+        pass

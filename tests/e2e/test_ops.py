@@ -1,0 +1,65 @@
+"""drain, the fence and resume under real systemd: drain --dry-run predicts
+the real run, a start (and its Restart=) is refused while fenced, resume
+starts exactly what drain stopped; the three man pages are installed."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+
+from e2e_support import FAKE_TABLE, add_model, model_toml, show
+
+pytestmark = pytest.mark.e2e
+FENCE = "/run/infer-units/drain.fence"
+
+
+def _state(box, unit: str) -> str:
+    return show(box, unit, "ActiveState")["ActiveState"]
+
+
+def test_drain_fences_and_resume_starts_exactly_what_it_stopped(box) -> None:
+    for i, name in enumerate(("ops-a", "ops-b", "ops-c")):
+        add_model(box, name, model_toml(name, [i], 18201 + i))
+    box.sh("systemctl daemon-reload && systemctl start ops-a ops-b")   # ops-c: stopped
+    drain = f"INFER_UNITS_FAKE_GPUS={FAKE_TABLE} infer-units drain --json --term-grace 1s --timeout 30s"
+    dry = box.sh(drain + " --dry-run", check=False)
+    assert dry.returncode == 0, dry.stderr
+    predicted = json.loads(dry.stdout)
+    assert _state(box, "ops-a.service") == "active" and box.sh(f"test -e {FENCE}", check=False).returncode == 1
+    real = box.sh(drain, check=False)
+    assert real.returncode == 0, real.stderr
+    done = json.loads(real.stdout)
+    for key in ("stop", "signal", "fence"):
+        assert predicted[key] == done[key], (key, predicted[key], done[key])
+    assert {"ops-a.service", "ops-b.service"} <= set(done["stop"])
+    assert "ops-c.service" not in done["stop"]
+    assert _state(box, "ops-a.service") == "inactive" and _state(box, "ops-b.service") == "inactive"
+    assert json.loads(box.sh(f"cat {FENCE}").stdout)["stopped"] == done["stop"]
+
+    # While fenced: a start fails at pre-start, and Restart=on-failure (RestartSec=1s) does not retry it.
+    assert box.sh("systemctl start ops-c", check=False).returncode != 0
+    time.sleep(3)
+    props = show(box, "ops-c.service", "NRestarts", "ActiveState")
+    assert props["NRestarts"] == "0" and props["ActiveState"] in ("failed", "inactive"), props
+    assert "start of ops-c.service refused: GPUs drained by `infer-units drain`" \
+        in box.journal("ops-c.service")
+    box.sh("systemctl reset-failed ops-c", check=False)
+
+    resumed = box.sh("infer-units resume --json --timeout 60s", check=False)
+    assert resumed.returncode == 0, resumed.stderr
+    report = json.loads(resumed.stdout)
+    assert report["start"] == done["stop"]
+    assert report["states"] == {unit: "active" for unit in done["stop"]}
+    assert _state(box, "ops-c.service") == "inactive", "resume started a unit drain did not stop"
+    assert box.sh(f"test -e {FENCE}", check=False).returncode == 1
+    box.sh("systemctl stop " + " ".join(done["stop"]))
+
+
+def test_the_man_pages_are_installed(box) -> None:
+    for page in ("man1/infer-units.1.gz", "man5/infer-units.toml.5.gz",
+                 "man8/infer-units-generator.8.gz"):
+        assert box.sh(f"test -s /usr/share/man/{page}", check=False).returncode == 0, page
+    assert "reap.term-grace" in box.sh("zcat /usr/share/man/man5/infer-units.toml.5.gz "
+                                       "| sed 's/\\\\-/-/g'").stdout

@@ -189,5 +189,5 @@ def test_drain_stops_the_services_and_reaps_every_holder(box) -> None:
     assert holders(box, "all") == []
     assert "0 process(es) hold /dev/nvidia*" in done.stderr
     assert "refcount" in done.stderr
-    # drain fences every start until resume (tests/e2e/test_ops.py): lift it for the next tests
+    # drain fences every start until resume (tests/e2e/test_ops_e2e.py): lift it for the next tests
     box.sh("infer-units resume --timeout 60s && systemctl stop alpha beta")

@@ -114,7 +114,8 @@ def test_another_service_on_the_gpus_blocks_the_start(box) -> None:
     assert "belongs to infer-units service alpha.service" in log
     assert "start of gamma.service refused; no automatic restart" in log
     # the hook leaves with "blocked" itself, not killed by its cancelled job's SIGTERM
-    assert "code=exited, status=2" in log, log
+    pre = show(box, "gamma.service", "ExecStartPre")["ExecStartPre"]
+    assert "code=exited ; status=2" in pre, pre
     # Restart=on-failure must not retry a refused start (and take the GPUs
     # unasked once alpha stops).
     time.sleep(3)   # RestartSec is 1s in these models
@@ -169,7 +170,12 @@ def test_status_reads_systemd_over_dbus(box) -> None:
     own = [p for p in m["gpu"]["processes"] if p["kind"] == "own"]
     assert len(own) == 3 and main_pid in {p["pid"] for p in own}
     assert m["metrics"]["reaps_total"] >= 1
-    table = box.sh("INFER_UNITS_FAKE_GPUS=/etc/infer-units/fakegpus.json infer-units status").stdout
+    # every model: exit 0, or 3 should an earlier test have left one failed; 1 would
+    # mean systemd out of reach
+    done = box.sh("INFER_UNITS_FAKE_GPUS=/etc/infer-units/fakegpus.json infer-units status",
+                  check=False)
+    assert done.returncode in (0, 3), done.stderr
+    table = done.stdout
     row = next(l for l in table.splitlines() if l.startswith("beta "))
     assert "active/running" in row and str(main_pid) in row and "2,3" in row and "ok" in row
     box.sh("systemctl stop beta")

@@ -212,9 +212,10 @@ def test_hang_on_every_start_is_capped_and_left_failed(box) -> None:
     time.sleep(3)        # RestartSec is 1 s: Restart= must not bring it back
     assert unit(box, name)["ActiveState"] == "failed"
     assert timer_state(box, name) == "inactive"
-    out = box.sh("INFER_UNITS_FAKE_GPUS=/etc/infer-units/fakegpus.json "
-                 f"infer-units status --json {name}").stdout
-    assert json.loads(out)["models"][0]["liveness"]["capped"]
+    done = box.sh("INFER_UNITS_FAKE_GPUS=/etc/infer-units/fakegpus.json "
+                  f"infer-units status --json {name}", check=False)
+    assert done.returncode == 3, done.stderr       # status: 3 = a model is failed
+    assert json.loads(done.stdout)["models"][0]["liveness"]["capped"]
     print(f"hang on every start: capped after 2 liveness restarts in {took:.1f}s")
     # The operator's start still works, with no reset-failed needed, and
     # liveness watches it again with a whole budget.

@@ -119,6 +119,16 @@ def test_a_reused_pid_is_never_signalled(fake_gpus: FakeGpus) -> None:
 
 # ------------------------------------------------------------- two starts at once
 
+def _remove_cgroup_root(root: Path) -> None:
+    """Move what is left back to the top and remove the test's cgroups."""
+    for cg in root.iterdir():
+        if cg.is_dir():
+            for pid in (cg / "cgroup.procs").read_text().split():
+                (SYSTEMD_V1 / "cgroup.procs").write_text(pid)
+            cg.rmdir()
+    root.rmdir()
+
+
 def _cgroup_root(name: str) -> Path:
     if not (SYSTEMD_V1 / "cgroup.procs").exists() or not os.access(SYSTEMD_V1, os.W_OK):
         pytest.skip("cgroup v1 name=systemd not writable here")
@@ -176,12 +186,7 @@ def test_two_pre_starts_racing_for_one_gpu_exactly_one_wins(fake_gpus: FakeGpus)
                     _stop(u)
         assert outcomes == [[0, 2]] * iterations
     finally:
-        for cg in root.iterdir():
-            if cg.is_dir():
-                for pid in (cg / "cgroup.procs").read_text().split():
-                    (SYSTEMD_V1 / "cgroup.procs").write_text(pid)
-                cg.rmdir()
-        root.rmdir()
+        _remove_cgroup_root(root)
 
 
 def test_a_claim_of_a_stopped_unit_is_stale_and_wait_free_clears_its_own(
@@ -210,9 +215,4 @@ def test_a_claim_of_a_stopped_unit_is_stale_and_wait_free_clears_its_own(
         run_cli("wait-free", "--gpus", "0", "--unit", "b", env=fake_gpus.env(), check=0)
         assert locks[0].read_text() == ""
     finally:
-        for cg in root.iterdir():
-            if cg.is_dir():
-                for pid in (cg / "cgroup.procs").read_text().split():
-                    (SYSTEMD_V1 / "cgroup.procs").write_text(pid)
-                cg.rmdir()
-        root.rmdir()
+        _remove_cgroup_root(root)

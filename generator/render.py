@@ -91,17 +91,17 @@ def _engine_argv(m: Model) -> str:
         "port": exec_word(str(m.port)),
     }
     argv = fill("engines/" + m.engine, values).strip()
-    for flag, value in m.instance_args:
-        argv += f" {flag} {exec_word(value)}"
+    # Then, in this order: per-instance ports and paths, the multi-node flags,
+    # P2P off, and the user's args last (so they can override).
+    words = [word for pair in m.instance_args for word in pair]
     if m.nodes is not None:
-        argv += "".join(" " + exec_word(a) for a in _node_args(m))
+        words += _node_args(m)
     if spec.p2p_off_args and m.nccl_p2p == "off":
-        argv += " " + " ".join(exec_word(a) for a in spec.p2p_off_args)
-    elif spec.p2p_off_args and m.nccl_p2p == "auto":
-        argv += f" ${P2P_ARGS_VAR}"
-    if m.args:
-        argv += " " + " ".join(exec_word(a) for a in m.args)
-    return argv
+        words += spec.p2p_off_args
+    argv += "".join(" " + exec_word(w) for w in words)
+    if spec.p2p_off_args and m.nccl_p2p == "auto":
+        argv += f" ${P2P_ARGS_VAR}"     # the self-test's verdict, as words (or none)
+    return argv + "".join(" " + exec_word(a) for a in m.args)
 
 
 def _node_args(m: Model) -> list[str]:

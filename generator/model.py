@@ -68,6 +68,11 @@ class Model:
         return f"{self.name}.service"
 
     @property
+    def is_worker(self) -> bool:
+        """A rank > 0 of a multi-node model: the head's health is its own."""
+        return self.nodes is not None and not self.nodes.is_head
+
+    @property
     def gpus_by_pci(self) -> bool:
         """GPUs named by PCI bus id (one kind per file): CUDA cannot take those."""
         return isinstance(self.gpus, list) and any(

@@ -54,7 +54,8 @@ def fill(template: str, values: dict[str, str]) -> str:
 def health_url(m: Model) -> str | None:
     """The URL readiness (and liveness) probe.  A worker of a multi-node model
     probes the head's: the group answers only when every rank joined."""
-    if m.nodes is not None and not m.nodes.is_head:
+    if m.is_worker:
+        assert m.nodes is not None
         return m.nodes.head_url
     if m.ready_url is not None:
         return m.ready_url
@@ -155,7 +156,6 @@ def _exec_start_pre(m: Model) -> list[str]:
     ~50 ms of the restart; see bench/restart_bench.py)."""
     argv = ["pre-start", "--unit", m.unit_name]
     selector = m.gpu_selector()
-    worker = m.nodes is not None and not m.nodes.is_head
     if selector is None and m.port is None:
         return []       # nothing to clean or wait for
     pci = m.gpus_by_pci
@@ -167,10 +167,10 @@ def _exec_start_pre(m: Model) -> list[str]:
         argv += _ignore_args(m)
     if "port" in m.ports:
         argv += ["--host", m.host, "--port", str(m.port)]
-    if worker:
+    if m.is_worker:
         assert m.nodes is not None
-        # Parked here, holding no GPU, until the head's rendezvous listens:
-        # hosts may start in any order.
+        # Parked here, holding no GPU, until the head forms a group: hosts may
+        # start in any order (helpers/rendezvous.py).
         argv += ["--wait-rendezvous", m.nodes.addr, "--head-url", m.nodes.head_url]
     if pci or p2p:
         argv += ["--env-file", f"{ENV_FILE_DIR}/{m.name}.env"]
@@ -185,13 +185,13 @@ def _exec_start_pre(m: Model) -> list[str]:
             argv.append("--p2p-off-args=" + " ".join(spec.p2p_off_args))
         for name, value in spec.p2p_off_env:
             argv += ["--p2p-off-env", f"{name}={value}"]
-        if ENGINE_SPECS[m.engine].module:
+        if spec.module:
             argv += ["--python", m.python]
     return ["ExecStartPre=+" + _hook(*argv)]
 
 
 def _timeout_start(m: Model) -> str:
-    if m.nodes is not None and not m.nodes.is_head:
+    if m.is_worker:
         # A worker waits for its head as long as it takes (the hooks bound
         # every other step themselves).
         return "infinity"
@@ -204,7 +204,7 @@ def _timeout_start(m: Model) -> str:
 
 
 def _kill_signal(m: Model) -> str:
-    if m.engine == "sglang" and m.nodes is not None and not m.nodes.is_head:
+    if m.engine == "sglang" and m.is_worker:
         # SGLang's ranks > 0 ignore SIGTERM (only rank 0 can stop the group)
         # and have nothing to drain.
         return "SIGKILL"

@@ -7,9 +7,12 @@ becomes a ConfigError naming its file."""
 
 from __future__ import annotations
 
+import os
+
 from .conflicts import find_conflicts
 from .errors import ConfigError
-from .loader import MAX_DEPTH, discover, forget_cache, load_model, search_path
+from .loader import (MAX_DEPTH, discover, forget_cache, is_path, load_model, name_error,
+                     search_path)
 from .model import Model, build_model
 
 TYPE_CHECKING = False
@@ -43,13 +46,32 @@ def as_config_error(path: str, e: BaseException) -> ConfigError:
 
 
 def load_all(names: list[str] | None = None, dirs: list[str] | None = None) -> Loaded:
+    """Every model on the search path, or those NAMES; a name that is a file's
+    path (`check ./qwen.toml`) loads that file as the model of its name, as it
+    would be once installed: host defaults and drop-ins from the search path
+    and its own directory, and it replaces an installed model of that name."""
     dirs = search_path() if dirs is None else dirs
     forget_cache()
     found, errors = discover(dirs)
+    model_dirs = {name: dirs for name in found}
+    wanted = {n.removesuffix(".service") for n in names or () if not is_path(n)}
+    for arg in [n for n in names or () if is_path(n)]:
+        path = os.path.abspath(arg)
+        name = os.path.basename(path).removesuffix(".toml")
+        wanted.add(name)
+        error = (ConfigError(path, None, "no such file") if not os.path.isfile(path)
+                 else name_error(name, path))
+        if error is not None:
+            error.model = name
+            errors.append(error)
+            found.pop(name, None)
+            continue
+        found[name] = path
+        model_dirs[name] = [os.path.dirname(path), *dirs]
     loaded = Loaded(errors=errors)
     for name, path in found.items():
         try:
-            loaded.models.append(build_model(load_model(name, path, dirs)))
+            loaded.models.append(build_model(load_model(name, path, model_dirs[name])))
         except Exception as e:      # noqa: BLE001 - one file never takes the others down
             error = as_config_error(path, e)
             if _name_of(error.path) != name:
@@ -62,11 +84,12 @@ def load_all(names: list[str] | None = None, dirs: list[str] | None = None) -> L
     except Exception as e:          # noqa: BLE001
         loaded.conflicts = [as_config_error("(overlap check)", e)]
     if names:
-        wanted = {n.removesuffix(".service") for n in names}
         loaded.models = [m for m in loaded.models if m.name in wanted]
         loaded.errors = [e for e in loaded.errors
                          if (e.model or _name_of(e.path)) in wanted]
-        loaded.conflicts = [e for e in loaded.conflicts if _name_of(e.path) in wanted]
+        # a clash concerns both models: asked about either, it is shown
+        loaded.conflicts = [e for e in loaded.conflicts
+                            if (e.model or _name_of(e.path)) in wanted or e.other in wanted]
     return loaded
 
 

@@ -53,7 +53,9 @@ def find_conflicts(models: list[Model]) -> list[ConfigError]:
 
 
 def _clash(m: Model, key: str, what: str, other: Model) -> ConfigError:
-    return ConfigError(m.main_path, key, f"{what} by {other.name} ({other.main_path})")
+    error = ConfigError(m.main_path, key, f"{what} by {other.name} ({other.main_path})")
+    error.model, error.other = m.name, other.name
+    return error
 
 
 def _port_text(what: str, port: int) -> str:

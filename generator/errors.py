@@ -28,6 +28,7 @@ class ConfigError(Exception):
         self.key = key
         self.reason = reason
         self.model: str | None = None     # the model refused, when path is not its own
+        self.other: str | None = None     # a clash: the other model involved
         super().__init__(str(self))
 
     def __str__(self) -> str:

@@ -336,22 +336,33 @@ def discover(dirs: list[str] | None = None) -> tuple[dict[str, str], list[Config
     for name, path in sorted(found.items()):
         if _is_masked(path):
             continue
-        if name == DEFAULTS_NAME:
-            errors.append(ConfigError(path, None, f'"{DEFAULTS_NAME}" is reserved for '
-                                      f"{DEFAULTS_NAME}.toml.d/ host-wide defaults"))
-            continue
-        problem = _name_problem(name)
-        if problem:
-            errors.append(ConfigError(path, None, f"{name!r} is not a valid unit name: {problem}"))
-            continue
-        existing = _existing_unit(f"{name}.service")
-        if existing:
-            errors.append(ConfigError(path, None, f"{name}.service already exists on the "
-                                      f"system's unit path ({existing}); a generated unit "
-                                      "would replace it: rename the model file"))
+        error = name_error(name, path)
+        if error is not None:
+            errors.append(error)
             continue
         models[name] = path
     return models, errors
+
+
+def name_error(name: str, path: str) -> ConfigError | None:
+    """Why `name` (from the file `path`) cannot be a model's unit name, if so."""
+    if name == DEFAULTS_NAME:
+        return ConfigError(path, None, f'"{DEFAULTS_NAME}" is reserved for '
+                           f"{DEFAULTS_NAME}.toml.d/ host-wide defaults")
+    problem = _name_problem(name)
+    if problem:
+        return ConfigError(path, None, f"{name!r} is not a valid unit name: {problem}")
+    existing = _existing_unit(f"{name}.service")
+    if existing:
+        return ConfigError(path, None, f"{name}.service already exists on the "
+                           f"system's unit path ({existing}); a generated unit "
+                           "would replace it: rename the model file")
+    return None
+
+
+def is_path(arg: str) -> bool:
+    """A model named on the command line by its file (anywhere), not its name."""
+    return "/" in arg or arg.endswith(".toml")
 
 
 def load_model(name: str, main_path: str, dirs: list[str] | None = None) -> MergedConfig:

@@ -138,10 +138,14 @@ def render(names: tuple[str, ...], output: str | None, as_json: bool) -> None:
 @click.argument("names", nargs=-1, shell_complete=complete_model_names)
 @click.option("--json", "as_json", is_flag=True,
               help="Machine-readable: the files that passed and every error.")
-def check(names: tuple[str, ...], as_json: bool) -> None:
+@click.option("--verify/--no-verify", default=True,
+              help="Also run systemd-analyze verify (where installed) on the units; its "
+                   "findings are warnings.")
+def check(names: tuple[str, ...], as_json: bool, verify: bool) -> None:
     """Validate model files: NAMES on the search path, or PATHS anywhere.
 
-    Also GPU and port overlaps between models; exit 1 on any error."""
+    Also GPU and port overlaps between models, and what systemd-analyze verify
+    says of the units they would get (warnings); exit 1 on any error."""
     from ..generator.build import load_all, render_checked
     from ..generator.errors import ConfigError
 
@@ -150,21 +154,31 @@ def check(names: tuple[str, ...], as_json: bool) -> None:
     passed: list[dict[str, str]] = []
     for problem in problems:
         click.echo(f"error: {problem}", err=True)
+    rendered = []
     for model in loaded.models:
         try:
-            render_checked(model)
+            units = render_checked(model)
         except ConfigError as e:
             click.echo(f"error: {e}", err=True)
             problems.append(e)
             continue
+        rendered += units
         passed.append({"path": model.main_path, "unit": model.unit_name})
         if not as_json:
             click.echo(f"ok: {model.main_path} -> {model.unit_name}")
+    findings = None
+    if verify and rendered:
+        from .verify import verify_units
+        findings = verify_units(rendered)
+        for lines in (findings or {}).values():
+            for line in lines:
+                click.echo(f"warning: systemd-analyze verify: {line}", err=True)
     if not loaded.models and not problems:
         click.echo("no model files on the search path", err=True)
     code = CONFIG_ERROR if problems else CLEAN
     if as_json:
-        echo_json({"ok": passed, "errors": [str(p) for p in problems], "exit": code})
+        echo_json({"ok": passed, "errors": [str(p) for p in problems],
+                   "verify": findings, "exit": code})
     sys.exit(code)
 
 

@@ -189,8 +189,11 @@ def test_check_reports_each_error_with_file_key_and_reason(tmp_path: Path) -> No
         f"error: {etc}/c.toml: port: expected an integer, got str",
     ]
     assert f"ok: {etc}/a.toml -> a.service" in done.stdout
-    only_a = run_cli("check", "a", env=base_env(INFER_UNITS_CONFIG_PATH=str(etc)))
-    assert only_a.returncode == 0
+    # a clash concerns both files: checking either one shows it
+    only_a = run_cli("check", "--no-verify", "a", env=base_env(INFER_UNITS_CONFIG_PATH=str(etc)))
+    assert only_a.returncode == 1
+    assert sorted(l for l in only_a.stderr.splitlines() if l.startswith("error:")) == errors[:2]
+    assert f"ok: {etc}/a.toml -> a.service" in only_a.stdout
 
 
 def test_render_prints_or_writes_units(tmp_path: Path) -> None:

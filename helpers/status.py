@@ -28,13 +28,17 @@ def _gpu_view(model: Model) -> dict[str, Any]:
         b = backend()
         gpus = select(b.gpus(), selector)
         seen = attribute(b, gpus, own_unit=model.unit_name)
+        used = b.memory(gpus)
     except GpuError as e:
         return {"available": False, "error": str(e), "gpus": [], "processes": []}
     return {
         "available": True, "backend": b.name, "exact": b.exact,
         "unseen": seen.unseen,
         "unaccounted_mib": {str(k): v for k, v in sorted(seen.unaccounted.items())},
-        "gpus": [{"index": g.index, "uuid": g.uuid, "memory_used_mib": g.memory_used_mib,
+        # the same "used" as holders and the reaper (NVML v2: without the
+        # driver's own reservation), v1's where v2 is not there
+        "gpus": [{"index": g.index, "uuid": g.uuid,
+                  "memory_used_mib": used.get(g.index, (g.memory_used_mib,))[0],
                   "memory_total_mib": g.memory_total_mib} for g in gpus],
         "processes": [{"pid": h.info.pid, "kind": h.kind, "unit": h.info.unit,
                        "gpus": sorted(h.use.gpus),

@@ -139,6 +139,11 @@ def check_program(value: Any) -> str:
         # systemd expands $VAR in argv[0] but not in the path it executes:
         # no quoting makes both right ("$$" is "$" in one, "$$" in the other).
         raise ValueError(f"{show(value)} contains '$', which systemd would read as a variable")
+    for c in "\\\"'\x7f":
+        if c in value:
+            # systemd's string_is_safe(): "Executable name contains special characters"
+            raise ValueError(f"{show(value)} contains {c!r}, which systemd refuses in the "
+                             "name of the program it runs")
     if value.startswith("/"):
         if any(part in ("", ".", "..") for part in value.split("/")[1:]):
             raise ValueError(f"{show(value)} is not a normalized path "

@@ -102,12 +102,12 @@ def test_module_users_from_proc_modules_when_refcnt_is_absent(tmp_path: Path) ->
 # ---------------------------------------------------------------- CLI style
 
 def _commands() -> dict[str, click.Command]:
-    from infer_units.helpers.cli.root import main
-    return dict(main.commands)
+    from infer_units.helpers.cli.root import all_commands
+    return all_commands()
 
 
 def test_hooks_are_hidden_and_every_option_has_help_and_its_default() -> None:
-    from infer_units.helpers.entry import HOOKS
+    from infer_units.helpers.commands import HOOKS
     commands = _commands()
     listed = run_cli("--help", check=0).stdout
     for hook in HOOKS:

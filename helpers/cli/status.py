@@ -119,12 +119,8 @@ def _file_name(path: str) -> str:
 
 
 def _age(seconds: float | None) -> str:
-    if seconds is None:
-        return "-"
-    for unit, size in (("d", 86400), ("h", 3600), ("min", 60)):
-        if seconds >= size:
-            return f"{seconds / size:.1f}{unit}"
-    return f"{seconds:.0f}s"
+    from ...generator.durations import format_seconds
+    return "-" if seconds is None else format_seconds(seconds, "about")
 
 
 def table(report: dict[str, Any]) -> str:

@@ -509,3 +509,4 @@ def select(gpus: list[Gpu], selector: str, strict: bool = True) -> list[Gpu]:
             if g not in chosen:
                 chosen.append(g)
     return chosen
+

@@ -24,7 +24,7 @@ import sys
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import TextIO
+    from typing import Any, TextIO
 
 LEVELS = {"emerg": 0, "alert": 1, "crit": 2, "err": 3, "warning": 4,
           "notice": 5, "info": 6, "debug": 7}
@@ -115,7 +115,7 @@ class GeneratorLog:
         self.journal_socket = journal_socket
         self.undelivered: list[tuple[int, str]] = []   # for the report unit
         self._kmsg: int | None = None
-        self._sock = None
+        self._sock: Any = None
         target = os.environ.get("SYSTEMD_LOG_TARGET", "auto").strip().lower()
         # "stderr", "kmsg", "journal" or "auto" (kmsg, else journal, else report)
         if target in ("console", "console-prefixed") or stderr_is_for_people():

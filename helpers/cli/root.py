@@ -54,7 +54,8 @@ class _Group(click.Group):
     def main(self, *args: Any, **kwargs: Any) -> Any:
         try:
             kwargs.setdefault("prog_name", "infer-units")
-            return super().main(*args, standalone_mode=False, **kwargs)
+            run: Any = super().main      # click's overloads pin standalone_mode's type
+            return run(*args, standalone_mode=False, **kwargs)
         except click.UsageError as e:
             # One line (the journal, scripts): which command, what is wrong.
             where = e.ctx.command_path if e.ctx else "infer-units"

@@ -17,6 +17,7 @@ import os
 import stat
 import sys
 from dataclasses import dataclass, field
+from typing import Any
 
 from ...generator.settings import is_pci, normalize_pci
 
@@ -235,9 +236,8 @@ class FakeBackend(Backend):
     def memory(self, gpus: list[Gpu]) -> dict[int, tuple[int, int]]:
         self._load()
         now = {g.index: g for g in self._gpus}
-        return {g.index: (now[g.index].memory_used_mib, self._extra[g.index][1])
-                for g in gpus
-                if g.index in now and now[g.index].memory_used_mib is not None}
+        used = {g.index: now[g.index].memory_used_mib for g in gpus if g.index in now}
+        return {i: (mib, self._extra[i][1]) for i, mib in used.items() if mib is not None}
 
     def device_files(self) -> list[str]:
         return [g.device for g in self._gpus]
@@ -258,7 +258,7 @@ def _optional(value: object) -> int | None:
 
 # ------------------------------------------------------------------ NVML backend
 
-def _load_pynvml():  # type: ignore[no-untyped-def]
+def _load_pynvml() -> Any:
     try:
         import pynvml  # Debian-less hosts: pip's nvidia-ml-py
         return pynvml
@@ -279,7 +279,7 @@ class NvmlBackend(Backend):
     name = "nvml"
     cheap_users = True
 
-    def __init__(self, nvml) -> None:  # type: ignore[no-untyped-def]
+    def __init__(self, nvml: Any) -> None:
         self.nvml = nvml
         nvml.nvmlInit()
         self._handles = [nvml.nvmlDeviceGetHandleByIndex(i)

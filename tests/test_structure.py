@@ -107,3 +107,21 @@ def test_the_hooks_path_imports_neither_click_nor_the_cli() -> None:
     done = subprocess.run([PYTHON, "-c", code], capture_output=True, text=True, timeout=60,
                           env=base_env())
     assert "LOADED []" in done.stdout, done.stdout + done.stderr
+
+
+def test_the_readme_names_every_module_in_its_room() -> None:
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    section = text[text.index("## How it is built"):text.index("The generator runs at every boot")]
+    for folder in ("generator", "units", "helpers", "tools"):
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            if path.name == "__init__.py":
+                continue
+            assert path.name in section, f"README's How it is built misses {path}"
+    for room in ROOMS:
+        block = section[section.index(f"{room}/"):]
+        for path in sorted((HELPERS / room).glob("*.py")):
+            if path.name != "__init__.py":
+                # named after its room, before the next room
+                nxt = min((block.index(f"{r}/", 1) for r in ROOMS if f"{r}/" in block[1:]),
+                          default=len(block))
+                assert path.name in block[:nxt], f"{path.name} not named under {room}/"

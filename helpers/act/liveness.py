@@ -21,7 +21,7 @@ import sys
 import time
 
 from ...generator.durations import format_seconds
-from ...generator.liveness import STATE_DIR, cap_marker
+from ...generator.liveness import cap_marker, state_dir
 from ...generator.log import JOURNAL_SOCKET, journal_send, say
 from ..facts.systemd import ModelState
 
@@ -33,16 +33,12 @@ if TYPE_CHECKING:
 ERR, WARNING, NOTICE, INFO = 3, 4, 5, 6
 
 
-def state_dir() -> str:
-    return os.environ.get("INFER_UNITS_LIVENESS_DIR") or STATE_DIR
-
-
 def _name(unit: str) -> str:
     return unit.removesuffix(".service")
 
 
 def state_path(unit: str, directory: str | None = None) -> str:
-    return os.path.join(directory or state_dir(), f"{_name(unit)}.liveness.json")
+    return os.path.join(directory or state_dir(dict(os.environ)), f"{_name(unit)}.liveness.json")
 
 
 # ------------------------------------------------------------------ the probe
@@ -272,7 +268,7 @@ def run_probe(cfg: Config, systemd: Any, directory: str | None = None,
     before = (state.get("consecutive_failures", 0), bool(state.get("capped")))
     restarted = False
     action = decide(state, now, answer, model, cfg)
-    marker = cap_marker(_name(cfg.unit), directory or state_dir())
+    marker = cap_marker(_name(cfg.unit), directory or state_dir(dict(os.environ)))
     if action == OK and os.path.lexists(marker):
         os.unlink(marker)       # left by a cap whose stop did not run its ExecStopPost
     if action == OK and before[0]:
@@ -331,7 +327,7 @@ def view(model: Any) -> dict[str, Any] | None:
         return None
     # The probe's directory is the model's [env] (INFER_UNITS_LIVENESS_DIR), as it runs.
     state = load_state(state_path(model.unit_name,
-                                  model.env.get("INFER_UNITS_LIVENESS_DIR") or state_dir()))
+                                  state_dir({**os.environ, **model.env})))
     now = time.time()
     last = state.get("last_probe")
     return {

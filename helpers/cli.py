@@ -185,3 +185,5 @@ def check(names: tuple[str, ...], as_json: bool, verify: bool) -> None:
 from . import cli_gpu  # noqa: E402,F401  (registers the GPU commands on `main`)
 
 from . import cli_config  # noqa: E402,F401  (registers cat and edit on `main`)
+
+from . import cli_doctor  # noqa: E402,F401  (registers doctor on `main`)

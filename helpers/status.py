@@ -104,12 +104,17 @@ def _nodes_view(model: Model, entry: dict[str, Any]) -> dict[str, Any]:
 def collect(names: list[str]) -> dict[str, Any]:
     """"unknown": names given that no model file has (the CLI exits 1)."""
     loaded = load_all(names)
-    known = {m.name for m in loaded.models} | {_file_name(str(e.path)) for e in loaded.errors}
-    unknown = sorted({n.removesuffix(".service") for n in names} - known)
+    unknown = unknown_names(names, loaded)
     return {"schema": SCHEMA_VERSION,
             "models": [model_status(m) for m in loaded.models],
             "errors": [str(e) for e in loaded.errors + loaded.conflicts],
             "unknown": unknown}
+
+
+def unknown_names(names: list[str], loaded: Any) -> list[str]:
+    """Names given that no model file has (status and doctor exit 1)."""
+    known = {m.name for m in loaded.models} | {_file_name(str(e.path)) for e in loaded.errors}
+    return sorted({n.removesuffix(".service") for n in names} - known)
 
 
 def _file_name(path: str) -> str:

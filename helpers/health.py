@@ -11,7 +11,7 @@ by the metrics file.
 from __future__ import annotations
 
 import os
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from ..generator.settings import HEALTH_CHECKS
@@ -208,7 +208,7 @@ def _judge_hmm(addressing: str | None, why: str, kernel: Kernel | None, why_no_k
     if addressing is not None:
         return out("hmm", OK, f"addressing mode {addressing}", key="addressing")
     if param == "Y":
-        return Finding("hmm", OK, "HMM disabled (uvm_disable_hmm=Y)", "", where)
+        return replace(out("hmm", OK, "HMM disabled (uvm_disable_hmm=Y)"), source=where)
     reason = why or "addressing mode not read"
     if kernel is None:
         return out("hmm", UNKNOWN, f"{reason}; {why_no_kernel}")

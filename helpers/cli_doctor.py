@@ -20,8 +20,9 @@ from .cli import complete_model_names, echo_json, main
 @click.option("--write-metrics", is_flag=True,
               help="Also store the GPU findings for the metrics file and `status` (root; "
                    "a timer running this keeps node_exporter's gauges fresh).")
-@click.option("--root-dir", metavar="DIR", default=None, hidden=True,
-              help="Read /proc, /sys and /dev under DIR (tests: a fake kernel tree).")
+@click.option("--root-dir", metavar="DIR", default=None,
+              help="Read the kernel's /proc, /sys and /dev under DIR (a test's fake tree, a "
+                   "copy taken from another host).  [default: /]")
 def doctor(names: tuple[str, ...], as_json: bool, verbose: bool, do_import: bool,
            write_metrics: bool, root_dir: str | None) -> None:
     """Check the host, its GPUs and the models NAMES: what decides whether they start.

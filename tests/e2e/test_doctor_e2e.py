@@ -40,10 +40,14 @@ def sick(box):
 def test_a_sick_gpu_refuses_the_start_without_restart_and_says_why_at_err(box, sick) -> None:
     done = box.sh("systemctl start sick", check=False)
     assert done.returncode != 0
-    # Refused, not failed-and-retrying: no auto-restart is scheduled.
+    # The hook leaves after cancelling its own start: wait for the unit to
+    # settle.  Refused, not failed-and-retrying: an auto-restart would be
+    # "activating/auto-restart", never inactive or failed.
+    assert wait_until(lambda: show(box, "sick.service", "ActiveState")["ActiveState"]
+                      in ("failed", "inactive"))
     props = show(box, "sick.service", "ActiveState", "SubState", "NRestarts", "ExecStartPre")
     assert props["SubState"] != "auto-restart" and props["NRestarts"] == "0", props
-    assert props["ActiveState"] in ("failed", "inactive"), props
+    assert "sick.service" not in box.sh("systemctl list-jobs --no-legend").stdout
     assert "code=exited ; status=2" in props["ExecStartPre"], props["ExecStartPre"]
     errors = box.sh("journalctl -p err -u sick.service -o cat --no-pager", check=False).stdout
     assert f"refused: GPU 7 ({UUID}): xid error: XID 79 since boot" in errors, errors

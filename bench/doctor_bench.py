@@ -61,10 +61,10 @@ def main() -> int:
         os.environ["INFER_UNITS_FAKE_GPUS"] = env["INFER_UNITS_FAKE_GPUS"] = str(tmp / "gpus.json")
     else:
         root = None
-    from infer_units.helpers.doctor import collect
-    from infer_units.helpers.gpus import backend
-    from infer_units.helpers.health import check_gpus
-    from infer_units.helpers.healthfacts import Kernel
+    from infer_units.helpers.cli.doctor import collect
+    from infer_units.helpers.facts.gpus import backend
+    from infer_units.helpers.decide.health import check_gpus
+    from infer_units.helpers.facts.health import Kernel
 
     b = backend()
     gpus = b.gpus()

@@ -24,6 +24,8 @@ HEALTH_CHECKS = ("remapped-rows", "retired-pages", "xid", "ecc", "persistence", 
 
 # Processes every reaper must leave alone; [reap] ignore adds to these.
 BUILTIN_IGNORE = ("nvidia-persistenced", "nv-hostengine", "dcgm-exporter")
+# [reap] foreign; also the choices of the hooks' and the CLI's --foreign.
+REAP_FOREIGN = ("kill", "wait", "fail")
 
 # Plain character sets, not regular expressions: `re` is not imported on the
 # generator's path.
@@ -421,7 +423,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("env", check_env_table, {}, "Extra environment, verbatim, applied last."),
     Setting("nccl.p2p", check_choice(("on", "off", "auto")), "on",
             'on: NCCL decides; off: NCCL_P2P_DISABLE=1; auto: copy-and-compare self-test at start.'),
-    Setting("reap.foreign", check_choice(("kill", "wait", "fail")), "kill",
+    Setting("reap.foreign", check_choice(REAP_FOREIGN), "kill",
             "What to do with processes of no infer-units service on this model's GPUs."),
     Setting("reap.term-grace", check_duration, 10.0, "Time between SIGTERM and SIGKILL."),
     Setting("reap.timeout", check_duration, 60.0,
@@ -471,6 +473,14 @@ SETTINGS: tuple[Setting, ...] = (
 )
 
 BY_KEY: dict[str, Setting] = {s.key: s for s in SETTINGS}
+
+
+def default(key: str) -> Any:
+    """The default of a dotted key ("reap.term-grace"): the hooks' and the CLI's
+    options take theirs from here, so each default is declared once."""
+    return BY_KEY[key].default
+
+
 # Tables whose own keys are fixed (others are free-form: env, unit, service, install).
 FIXED_TABLES = ("reap", "ready", "stop", "nodes", "liveness", "health")
 

@@ -1,5 +1,5 @@
 """Command-line values, checked before use: each bad one is one line and exit 1
-(argparse in hooks.py, click in cli_gpu.py), never a traceback from deep
+(argparse in hooks/unit.py, click in cli/options.py), never a traceback from deep
 inside (a port over 65535 used to reach bind(), a URL without a scheme
 urlopen(), pid -1 pidfd_open()).  Each function raises ValueError with the
 reason; callers name the option."""
@@ -60,6 +60,16 @@ def http_url(text: str) -> str:
     if any(ord(c) < 0x21 or ord(c) == 0x7F for c in text):
         raise ValueError(f"bad URL {text!r}: spaces or control characters")
     return text
+
+
+def count(text: str) -> int:
+    """A whole number >= 0 (failures, max-restarts)."""
+    return _ascii_number(text, "count")
+
+
+def unit_name(name: str) -> str:
+    """A unit named without its suffix is a service ("m" -> "m.service")."""
+    return name if name.endswith((".service", ".scope")) else name + ".service"
 
 
 def unit(text: str) -> str:

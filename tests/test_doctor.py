@@ -309,9 +309,9 @@ class NotSupportedNvml:
 
 
 def test_nvml_not_supported_is_unknown_never_ok() -> None:
-    from infer_units.helpers.gpus import Gpu
-    from infer_units.helpers.health import judge_gpu
-    from infer_units.helpers.healthfacts import nvml_facts
+    from infer_units.helpers.facts.gpus import Gpu
+    from infer_units.helpers.decide.health import judge_gpu
+    from infer_units.helpers.facts.health import nvml_facts
     got = nvml_facts(NotSupportedNvml(), object())
     assert all(v is None for v in got.facts.values()), got.facts
     assert "Not Supported" in got.why["remapped_rows"]
@@ -324,7 +324,7 @@ def test_nvml_not_supported_is_unknown_never_ok() -> None:
 
 
 def test_nvml_answers_become_the_fake_tables_shape() -> None:
-    from infer_units.helpers.healthfacts import nvml_facts
+    from infer_units.helpers.facts.health import nvml_facts
 
     class Answering(NotSupportedNvml):
         NVML_FEATURE_ENABLED = 1

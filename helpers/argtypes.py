@@ -76,3 +76,13 @@ def unit(text: str) -> str:
     if not text or not text.isprintable() or "/" in text or text.strip() != text:
         raise ValueError(f"bad unit name {text!r}")
     return text
+
+
+def health_checks(text: str) -> tuple[str, ...]:
+    """"xid,remapped-rows": names of health checks ([health] accept)."""
+    from ..generator.settings import HEALTH_CHECKS
+    names = tuple(n.strip() for n in text.split(",") if n.strip())
+    for name in names:
+        if name not in HEALTH_CHECKS:
+            raise ValueError(f"{name!r} is not a health check (known: {', '.join(HEALTH_CHECKS)})")
+    return names

@@ -32,4 +32,5 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "status": ("cli.gpu", "status"),
     "drain": ("cli.gpu", "drain"),
     "resume": ("cli.gpu", "resume"),
+    "doctor": ("cli.doctor", "doctor"),
 }

@@ -121,6 +121,10 @@ def pre_start(argv: list[str]) -> int:
     p.add_argument("--p2p-off-env", action="append", default=[], metavar="NAME=VALUE",
                    help="environment that P2P off needs beyond NCCL_P2P_DISABLE=1 "
                         "(e.g. VLLM_ALLREDUCE_USE_FLASHINFER=0), written to the env file")
+    p.add_argument("--accept-health", type=_checked(argtypes.health_checks), default=(),
+                   metavar="CHECK,...", help="[health] accept: health checks whose errors do "
+                                             "not refuse the start")
+    p.add_argument("--root-dir", help=argparse.SUPPRESS)   # tests: a fake /proc, /sys, /dev
     a = p.parse_args(argv)
     unit = unit_name(a.unit)
     from ..decide.fence import refusal
@@ -141,6 +145,9 @@ def pre_start(argv: list[str]) -> int:
     if a.gpus is not None:       # --gpus "" is a usage error, not "nothing to do"
         from ..decide.claims import ClaimError, GpuClaims
         b, gpus = _gpus_or_exit(a.gpus)
+        if not _healthy_enough(b, gpus, unit, a.accept_health, a.root_dir):
+            _refuse_without_restart(unit)
+            return exitcodes.BLOCKED
         claims = GpuClaims(gpus, unit)
         try:
             conflicts = claims.acquire()
@@ -159,6 +166,28 @@ def pre_start(argv: list[str]) -> int:
         return code
     _say(f"start checks passed in {(time.monotonic() - started) * 1000:.0f} ms")
     return exitcodes.CLEAN
+
+
+def _healthy_enough(b: Backend, gpus: list[Gpu], unit: str, accept: tuple[str, ...],
+                    root: str | None) -> bool:
+    """The health checks of the model's GPUs (health.py): an error-level
+    finding refuses the start (journal: err), unless `[health] accept` names
+    its check; warnings and accepted errors go to the journal as warnings."""
+    from ..act.metrics import record_gpu_health
+    from ..decide.health import check_gpus, gate, line
+    report = check_gpus(b, gpus, root)
+    record_gpu_health(report)
+    refusing, logged = gate(report, accept)
+    for f in logged:
+        _say(line(f, accepted=f.check in accept), WARNING)
+    for f in refusing:
+        _say(f"refused: {line(f)}", ERR)
+    if refusing:
+        checks = list(dict.fromkeys(f.check for f in refusing))
+        quoted = ", ".join(f'"{c}"' for c in checks)
+        _say(f"start of {unit} refused: GPU health ({', '.join(checks)}); `infer-units doctor` "
+             f"shows every check; to start anyway: [health] accept = [{quoted}]", ERR)
+    return not refusing
 
 
 def _start_checks(a: argparse.Namespace, unit: str, claims: GpuClaims | None) -> int:

@@ -411,7 +411,10 @@ SETTINGS: tuple[Setting, ...] = (
             "Process names never touched, added to: " + ", ".join(BUILTIN_IGNORE) + "."),
     Setting("ready.url", check_url, None, "Health URL; default: the engine's."),
     Setting("ready.timeout", check_duration, 1200.0, "How long the server may take to load."),
-    Setting("ready.interval", check_duration, 1.0, "Time between health polls."),
+    Setting("ready.interval", check_duration, 0.05,
+            "Time between health requests once the port listens (until then a connect() "
+            "attempt every 50ms, which the server never sees); the unit is active within "
+            "about this long of the server's first 2xx."),
     Setting("ready.probe-timeout", check_duration, None,
             "How long one health request may take; default per engine (SGLang's /health "
             "generates a token: 30s; others 10s)."),

@@ -204,14 +204,20 @@ def wait_ready(argv: list[str]) -> int:
     p.add_argument("--url", required=True, type=_checked(argtypes.http_url))
     p.add_argument("--pid", type=_checked(argtypes.pid))
     p.add_argument("--timeout", type=_duration, default=1200.0)
-    p.add_argument("--interval", type=_duration, default=1.0)
+    p.add_argument("--interval", type=_duration, default=0.05,
+                   help="between health requests once the port listens")
     p.add_argument("--probe-timeout", type=_duration, default=10.0,
                    help="how long one health request may take (SGLang's /health generates "
                         "a token before it answers)")
     a = p.parse_args(argv)
     from .ready import wait_ready as wait
-    result = wait(a.url, a.pid, a.timeout, a.interval, a.probe_timeout)
+    result = wait(a.url, a.pid, a.timeout, a.interval, a.probe_timeout, say=_say)
     if result.ready:
+        return exitcodes.CLEAN
+    if result.stopped:
+        # A stop or restart while loading is no failure of the start: exit 0
+        # (a hook that died by the stop's SIGTERM failed the unit).
+        _say(f"{result.reason} ({result.seconds:.1f}s after ExecStartPost began)")
         return exitcodes.CLEAN
     if result.server_exited:
         from .systemd import main_exit_status

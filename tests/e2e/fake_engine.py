@@ -20,7 +20,12 @@ under:
   fake-python -m vllm.entrypoints.cli.main serve M --tensor-parallel-size N ...
       vLLM: binds its port at once but listens only when the engine is up;
       aborts its own start after VLLM_ENGINE_READY_TIMEOUT_S (600 s default);
-      API server -> EngineCore -> workers; /health 200 once up.
+      API server -> EngineCore -> workers; /health 200 once up.  Like the real
+      vLLM 0.32 (DESIGN.md, "Real engines, measured"): SIGTERM early in the
+      load ends it, but from FAKE_IGNORE_TERM_FROM_S into the load (default:
+      half of it) SIGTERM is ignored and it goes on to serve; when EngineCore
+      dies (SIGKILL, or by itself FAKE_ENGINE_DIES_S after the start) the API
+      server exits 0.
   fake-python <anything else>: the real python3 with a CPU stand-in for torch
       (the P2P self-test runs with the engine's interpreter).
   fake-tgi --model-id M --num-shard N --hostname H --port P [--master-port]
@@ -412,6 +417,16 @@ def vllm(argv: list[str]) -> int:
         spawn_workers(args.tensor_parallel_size // args.nnodes, gpu_files())
         while True:
             time.sleep(3600)
+    # The real API server exits 0 when its EngineCore dies, loading or serving.
+    def watch_engine_core() -> None:
+        os.waitpid(engine_core, 0)
+        say("vllm", "EngineCore died; API server shutting down")
+        os._exit(0)
+
+    threading.Thread(target=watch_engine_core, daemon=True).start()
+    dies_s = os.environ.get("FAKE_ENGINE_DIES_S")
+    if dies_s is not None:
+        threading.Timer(float(dies_s), lambda: kill_tree([engine_core])).start()
     stop = on_sigterm()
     group = None
     if args.nnodes > 1:
@@ -426,9 +441,16 @@ def vllm(argv: list[str]) -> int:
             kill_tree([engine_core])
             return 0
     load = env_float("FAKE_LOAD_S", 1.0)
-    if stop.wait(min(load, ready_timeout)):
+    # SIGTERM ends the load only before this point; after it the real vLLM
+    # ignored SIGTERM, finished loading and served.
+    deaf_from = min(env_float("FAKE_IGNORE_TERM_FROM_S", load / 2), load, ready_timeout)
+    if stop.wait(deaf_from):
         kill_tree([engine_core])
         return 0
+    signal.signal(signal.SIGTERM, lambda *_: say("vllm", "SIGTERM ignored while loading"))
+    say("vllm", "loading; SIGTERM is ignored from here until ready")
+    time.sleep(min(load, ready_timeout) - deaf_from)
+    stop = on_sigterm()
     if load > ready_timeout:
         say("vllm", f"RuntimeError: Timed out waiting for engine core processes to start "
             f"(VLLM_ENGINE_READY_TIMEOUT_S={ready_timeout:g})")

@@ -69,9 +69,12 @@ def test_restart_while_loading_starts_again(box) -> None:
     name = "lc-restart"
     loading_model(box, name, "vllm", 18302, 3, FAKE_IGNORE_TERM_FROM_S="0")
     old = start_loading(box, name)
+    assert wait_until(lambda: "SIGTERM is ignored" in box.journal(f"{name}.service"), 20)
     took = timed(box, f"systemctl restart {name}")
     props = state(box, name)
     assert props["ActiveState"] == "active" and props["MainPID"] != old, props
+    log = box.journal(f"{name}.service")
+    assert "Failed with result" not in log and f"killing the server pid {old}" in log, log[-3000:]
     assert not alive(box, int(old))
     assert took < 3 + 5, f"restart while loading took {took:.1f}s (a 3 s load)"
     box.sh(f"systemctl stop {name}")
@@ -83,11 +86,11 @@ def test_a_ready_server_gets_its_drain_window(box) -> None:
     loading_model(box, name, "vllm", 18303, 0.5, FAKE_DRAIN_S="2")
     box.sh(f"systemctl daemon-reload && systemctl start {name}")
     took = timed(box, f"systemctl stop {name}")
-    main = show(box, f"{name}.service", "ExecMainCode", "ExecMainStatus", "Result")
+    log = box.journal(f"{name}.service")
     assert took >= 2, f"stopped after {took:.1f}s: the 2 s drain was cut short"
-    # CLD_EXITED (1) with status 0: it drained and exited, nothing SIGKILLed it
-    assert main == {"ExecMainCode": "1", "ExecMainStatus": "0", "Result": "success"}, main
-    assert "killing the server" not in box.journal(f"{name}.service")
+    assert state(box, name)["Result"] == "success"
+    # it drained and exited: nothing SIGKILLed it
+    assert "killing the server" not in log and "code=killed" not in log, log[-3000:]
 
 
 def test_a_server_that_exits_0_by_itself_is_restarted(box) -> None:
@@ -114,10 +117,12 @@ def test_a_crash_loop_is_capped_by_the_start_limit(box) -> None:
     loading_model(box, name, "vllm", 18305, 2, FAKE_ENGINE_DIES_S="0.3")
     box.sh(f"systemctl daemon-reload && systemctl reset-failed {name} 2>/dev/null; "
            f"systemctl start --no-block {name}")
-    assert wait_until(lambda: state(box, name)["Result"] == "start-limit-hit", 60, 0.5), \
-        state(box, name)
+    # systemd 252 keeps the last run's Result (exit-code), 257 says start-limit-hit
+    assert wait_until(lambda: "Start request repeated too quickly"
+                      in box.journal(f"{name}.service"), 60, 0.5), state(box, name)
     props = state(box, name)
-    assert props["ActiveState"] == "failed" and 4 <= int(props["NRestarts"]) <= 5, props
+    assert (props["ActiveState"], props["SubState"]) == ("failed", "failed"), props
+    assert 4 <= int(props["NRestarts"]) <= 5, props
     box.sh(f"systemctl reset-failed {name}")
 
 

@@ -72,7 +72,7 @@ def test_sigterm_once_ready_leaves_the_server_alone() -> None:
 
 
 def test_a_port_bound_but_not_listening_is_held_and_named() -> None:
-    from infer_units.helpers.ports import port_users, wait_port_free
+    from infer_units.helpers.facts.ports import port_users, wait_port_free
     with socket.socket() as s:
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)   # as vLLM binds it
         s.bind(("0.0.0.0", 0))
@@ -87,7 +87,7 @@ def test_a_port_bound_but_not_listening_is_held_and_named() -> None:
 
 
 def test_time_wait_leftovers_are_not_holders() -> None:
-    from infer_units.helpers.ports import port_users, wait_port_free
+    from infer_units.helpers.facts.ports import port_users, wait_port_free
     listener = socket.socket()
     listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     listener.bind(("127.0.0.1", 0))

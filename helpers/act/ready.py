@@ -86,7 +86,7 @@ def _kill_loading_server(pidfd: int, pid: int, say) -> None:  # type: ignore[no-
     poller.register(pidfd, select.POLLIN)
     if poller.poll(0):
         return                       # already gone by the stop's SIGTERM
-    from .procinfo import read_proc
+    from ..facts.procinfo import read_proc
     info = read_proc(pid)
     who = info.describe() if info is not None else f"pid {pid}"
     say(f"stopped while loading: killing the server {who} with SIGKILL (never became "

@@ -444,6 +444,12 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("liveness.timeout", check_duration, None,
             "How long one probe may take (a slower or non-2xx answer fails it); default: "
             "[ready] probe-timeout (per engine: SGLang 30s, others 10s)."),
+    Setting("liveness.probe", check_choice(("health", "generate")), None,
+            "health: GET the health URL; generate: POST a one-token completion to the "
+            "engine's OpenAI-compatible /v1/completions (max_tokens 1), so a server whose "
+            "health endpoint answers while its engine is broken is restarted; default per "
+            "engine (vLLM and llama.cpp: generate, their /health reads a flag (vllm#36960); "
+            "SGLang and TGI: health, theirs already generates)."),
     Setting("liveness.max-restarts", check_int, 3,
             "Liveness restarts allowed within restart-window; one more hang and the unit is "
             "stopped and left failed."),

@@ -37,7 +37,9 @@ under:
       like upstream.  SIGTERM: graceful termination of the children.
   fake-llama-server --model M --host H --port P
       llama.cpp: one process, listens at once, /health 503 "Loading model"
-      until loaded.
+      until loaded; POST /v1/completions (and /completion) the same, then 200.
+  (vLLM's POST /v1/completions: 200 after FAKE_GENERATE_S; it never answers
+  while EngineCore is stopped (SIGSTOP), while /health still says 200.)
 
 Timings come from the environment (the model's [env]): FAKE_LOAD_S (1),
 FAKE_HEALTH_S (SGLang's 1 s sleep), FAKE_WARMUP_S (SGLang 0.5), FAKE_DRAIN_S
@@ -132,10 +134,17 @@ def kill_tree(pids: list[int]) -> None:
 class Server:
     """An HTTP server on (host, port) whose GET answers come from `answer(path)`."""
 
-    def __init__(self, host: str, port: int, answer, sock: socket.socket | None = None) -> None:
+    def __init__(self, host: str, port: int, answer, sock: socket.socket | None = None,
+                 post=None) -> None:
         class Handler(http.server.BaseHTTPRequestHandler):
+            def do_POST(self) -> None:  # noqa: N802
+                self.rfile.read(int(self.headers.get("Content-Length", 0)))
+                self._send(*(post(self.path) if post else (404, "")))
+
             def do_GET(self) -> None:  # noqa: N802
-                code, body = answer(self.path)
+                self._send(*answer(self.path))
+
+            def _send(self, code: int, body) -> None:
                 data = (body if isinstance(body, str) else json.dumps(body)).encode()
                 self.send_response(code)
                 self.send_header("Content-Length", str(len(data)))
@@ -155,6 +164,14 @@ class Server:
             self.httpd.server_activate()
         self.httpd.daemon_threads = True
         threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+
+
+def _stopped(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] in ("T", "t")
+    except OSError:
+        return False
 
 
 def on_sigterm() -> threading.Event:
@@ -461,9 +478,17 @@ def vllm(argv: list[str]) -> int:
             return 404, {"detail": "Not Found"}
         if group is not None:
             group.hang_if_lost()
-        return 200, ""
+        return 200, ""       # a flag: 200 even while EngineCore is wedged (vllm#36960)
 
-    Server(host, args.port, health, sock=sock)
+    def complete(path: str):
+        if path != "/v1/completions":
+            return 404, {"detail": "Not Found"}
+        while _stopped(engine_core):     # EngineCore SIGSTOPped: the token never comes
+            time.sleep(0.1)
+        time.sleep(env_float("FAKE_GENERATE_S", 0.0))
+        return 200, {"object": "text_completion", "choices": [{"text": "1"}]}
+
+    Server(host, args.port, health, sock=sock, post=complete)
     say("vllm", f"API server on {host}:{args.port}, tp {args.tensor_parallel_size}, "
         f"custom all-reduce {'off' if args.disable_custom_all_reduce else 'on'}")
     stop.wait()
@@ -577,7 +602,15 @@ def llamacpp(argv: list[str]) -> int:
                                    "type": "unavailable_error"}}
         return 200, {"status": "ok"}
 
-    server = Server(args.host, args.port, answer)   # listens before the model loads
+    def complete(path: str):
+        if path not in ("/v1/completions", "/completion"):
+            return 404, ""
+        if time.monotonic() < loaded_at:
+            return 503, {"error": {"code": 503, "message": "Loading model",
+                                   "type": "unavailable_error"}}
+        return 200, {"choices": [{"text": "1"}]}
+
+    server = Server(args.host, args.port, answer, post=complete)   # listens before loading
     say("llamacpp", f"listening on {args.host}:{args.port}")
     on_sigterm().wait()
     server.httpd.shutdown()

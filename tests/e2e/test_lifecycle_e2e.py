@@ -6,6 +6,7 @@ port bound but not listening yet, the file-descriptor limit."""
 
 from __future__ import annotations
 
+import json
 import time
 
 import pytest
@@ -159,4 +160,48 @@ def test_servers_get_a_file_descriptor_limit(box) -> None:
 
     _soft, cap = open_files("/proc/1/limits")     # what this machine lets systemd give
     assert open_files(f"/proc/{pid}/limits") == (min(65535, cap), min(524288, cap))
+    box.sh(f"systemctl stop {name}")
+
+
+def liveness_model(box, name: str, port: int, **env: str) -> None:
+    add_model(box, name, engine_toml(name, "vllm", GPU, port, env={"FAKE_LOAD_S": "0.3", **env},
+                                     extra='[liveness]\ninterval = "1s"\nfailures = 2\n'
+                                           'timeout = "2s"'))
+
+
+def test_generation_probe_restarts_a_wedged_engine_whose_health_says_200(box) -> None:
+    name = "lc-wedged"
+    liveness_model(box, name, 18308)
+    box.sh(f"systemctl daemon-reload && systemctl start {name}")
+    old = state(box, name)["MainPID"]
+    core = box.sh("python3 -c \"import os; print(*[p for p in os.listdir('/proc') if p.isdigit() "
+                  f"and open('/proc/' + p + '/stat').read().rsplit(')', 1)[1].split()[1] == '{old}'])\"").stdout.split()[0]
+    box.sh(f"kill -STOP {core}")        # the engine hangs; /health still answers 200
+    assert box.sh(f"python3 -c \"import urllib.request as u; print(u.urlopen("
+                  f"'http://127.0.0.1:18308/health').status)\"").stdout.strip() == "200"
+    assert wait_until(lambda: state(box, name)["ActiveState"] == "active"
+                      and state(box, name)["MainPID"] not in (old, "0"), 40), state(box, name)
+    log = box.journal(f"{name}.service")
+    assert "one-token generations in a row failed" in log, log[-3000:]
+    box.sh(f"systemctl stop {name}")
+
+
+def test_generation_probe_spares_a_slow_but_working_server(box) -> None:
+    name = "lc-slow"
+    liveness_model(box, name, 18309, FAKE_GENERATE_S="1.2")   # under the 2 s timeout
+    box.sh(f"systemctl daemon-reload && systemctl start {name}")
+    pid = state(box, name)["MainPID"]
+    seen: dict[float, dict] = {}
+
+    def probes() -> int:     # the probe's own record of each run (helpers/act/liveness.py)
+        out = box.sh(f"cat /run/infer-units/{name}.liveness.json 2>/dev/null || true").stdout
+        if out.strip():
+            last = json.loads(out)["last_probe"]
+            seen[last["time"]] = last
+        return len(seen)
+
+    assert wait_until(lambda: probes() >= 4, 40), seen
+    assert all(p["ok"] and p["seconds"] >= 1.2 for p in seen.values()), seen
+    assert state(box, name)["MainPID"] == pid and state(box, name)["NRestarts"] == "0"
+    assert "in a row failed" not in box.journal(f"{name}.service")
     box.sh(f"systemctl stop {name}")

@@ -205,3 +205,19 @@ def test_generation_probe_spares_a_slow_but_working_server(box) -> None:
     assert state(box, name)["MainPID"] == pid and state(box, name)["NRestarts"] == "0"
     assert "in a row failed" not in box.journal(f"{name}.service")
     box.sh(f"systemctl stop {name}")
+
+
+def test_stop_while_the_start_checks_wait_ends_inactive(box) -> None:
+    name = "lc-prestop"
+    port = 18310
+    add_model(box, name, engine_toml(name, "llamacpp", GPU, port, env={"FAKE_LOAD_S": "0.2"}))
+    box.sh("systemd-run --unit=lc-binder2 /usr/bin/python3 -c 'import socket, time; "
+           f"s = socket.socket(); s.bind((\"0.0.0.0\", {port})); time.sleep(3600)'")
+    box.sh(f"systemctl daemon-reload && systemctl reset-failed {name} 2>/dev/null; "
+           f"systemctl start --no-block {name}")
+    assert wait_until(lambda: f"port {port} held by" in box.journal(f"{name}.service"), 20)
+    took = timed(box, f"systemctl stop {name}")     # pre-start gets the stop's SIGTERM
+    props = state(box, name)
+    assert (props["ActiveState"], props["Result"]) == ("inactive", "success"), props
+    assert took < 5, f"stop during the start checks took {took:.1f}s"
+    box.sh("systemctl stop lc-binder2")

@@ -11,7 +11,7 @@ Per model with a health URL and a non-zero interval the generator writes
                             that leaves the model failed when liveness stops it
                             after its restart cap
 
-The probe itself (helpers/liveness.py) decides, counts and restarts.  Nothing
+The probe itself (helpers/act/liveness.py) decides, counts and restarts.  Nothing
 here imports more than the generator already has (see bench/).
 """
 

@@ -10,7 +10,7 @@ import urllib.parse
 import urllib.request
 from dataclasses import dataclass
 
-from .ports import is_listening
+from ..facts.ports import is_listening
 from .progress import Progress
 
 

@@ -18,7 +18,7 @@ import os
 import socket
 import time
 
-from ..generator.liveness import STATE_DIR, cap_marker
+from ...generator.liveness import STATE_DIR, cap_marker
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -394,7 +394,7 @@ def run_probe(cfg: Config, systemd: Any, directory: str | None = None,
 def main(argv: list[str]) -> int:
     import argparse
 
-    from ..generator.durations import parse_duration
+    from ...generator.durations import parse_duration
 
     def duration(text: str) -> float:
         try:
@@ -436,7 +436,7 @@ def view(model: Any) -> dict[str, Any] | None:
     live = getattr(model, "liveness", None)
     if live is None:
         return None
-    from ..generator.render import health_url
+    from ...generator.render import health_url
     if health_url(model) is None:
         return None
     # The probe's directory is the model's [env] (INFER_UNITS_LIVENESS_DIR), as it runs.

@@ -7,7 +7,7 @@ import select
 import time
 from typing import Callable, Iterable
 
-from .procinfo import ProcInfo, read_stat
+from ..facts.procinfo import ProcInfo, read_stat
 
 
 class PidSet:

@@ -195,20 +195,56 @@ def monotonic(c: Container, unit: str, prop: str) -> float:
     return int(props(c, unit, prop)[prop]) / 1e6
 
 
+# pid, ppid and comm of every process in the container
+TREE = r"""python3 -c '
+import os
+for p in os.listdir("/proc"):
+    try:
+        s = open("/proc/%s/stat" % p).read()
+        c = open("/proc/%s/comm" % p).read().strip()
+        print(p, s.rsplit(")", 1)[1].split()[1], c)
+    except (OSError, ValueError, IndexError):
+        pass
+'"""
+
+
+def tree(c: Container, unit: str) -> dict[int, str]:
+    """The unit's main process and its descendants, pid -> comm (read from
+    /proc: the cgroup layout differs between hosts with cgroup v1 and v2)."""
+    root = main_pid(c, unit)
+    if not root:
+        return {}
+    children: dict[int, list[int]] = {}
+    names: dict[int, str] = {}
+    for row in c.sh(TREE).stdout.splitlines():
+        parts = row.split(" ", 2)
+        if len(parts) == 3 and parts[0].isdigit():
+            children.setdefault(int(parts[1]), []).append(int(parts[0]))
+            names[int(parts[0])] = parts[2]
+    out: dict[int, str] = {}
+    todo = [root]
+    while todo:
+        pid = todo.pop()
+        if pid in names and pid not in out:
+            out[pid] = names[pid]
+            todo += children.get(pid, [])
+    return out
+
+
 def unit_pids(c: Container, unit: str) -> list[int]:
+    """Every process left in the unit's cgroup (cgroup v2, or v1's name=systemd)."""
     cg = props(c, unit, "ControlGroup")["ControlGroup"]
-    out = c.sh(f"cat /sys/fs/cgroup{cg}/cgroup.procs 2>/dev/null || true").stdout
-    return [int(p) for p in out.split()]
-
-
-def comm(c: Container, pid: int) -> str:
-    return c.sh(f"cat /proc/{pid}/comm 2>/dev/null || true").stdout.strip()
+    if not cg:
+        return []
+    out = c.sh(f"cat /sys/fs/cgroup{cg}/cgroup.procs /sys/fs/cgroup/systemd{cg}/cgroup.procs "
+               "2>/dev/null || true").stdout
+    return sorted({int(p) for p in out.split()})
 
 
 def engine_core(c: Container, unit: str) -> int:
     """vLLM's EngineCore process (its title VLLM::EngineCore; comm is cut at 15)."""
-    for pid in unit_pids(c, unit):
-        if comm(c, pid).startswith("VLLM::EngineCor"):
+    for pid, name in tree(c, unit).items():
+        if name.startswith("VLLM::EngineCor"):
             return pid
     return 0
 

@@ -34,8 +34,9 @@ POLLER = "/usr/local/bin/iu-first-2xx"
 # CPU-only vLLM on this machine: a fixed KV cache (it refuses to start when
 # 92% of a NUMA node is not free) and a short context.
 VLLM_ARGS = ["--kv-cache-memory-bytes", "268435456", "--max-model-len", "512"]
-# How long a real start may take on a busy 2-core machine (vLLM: ~40 s idle).
-LOAD_TIMEOUT = float(os.environ.get("INFER_UNITS_REAL_LOAD_TIMEOUT", "300"))
+# How long a real start may take on a busy 2-core machine (vLLM: ~40 s idle;
+# over 300 s seen with three vLLM containers and other work on the 2 cores).
+LOAD_TIMEOUT = float(os.environ.get("INFER_UNITS_REAL_LOAD_TIMEOUT", "900"))
 
 
 def engine_paths() -> dict[str, str]:

@@ -20,11 +20,10 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import time
 from pathlib import Path
 
 from container import Container
-from e2e_support import FAKE_GPU_COUNT, FAKE_TABLE, fake_gpu_table
+from e2e_support import FAKE_GPU_COUNT, FAKE_TABLE, fake_gpu_table, wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 BUILD = ROOT / "tools/engines/build"
@@ -251,12 +250,8 @@ def engine_core(c: Container, unit: str) -> int:
 
 
 def wait_for(predicate, timeout: float, step: float = 0.2) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(step)
-    return bool(predicate())
+    """support.wait_until (the tests' one wait), polling at most every `step`."""
+    return wait_until(predicate, timeout, step=min(step, 0.05), max_step=step)
 
 
 def start_poller(c: Container, name: str, port: int, path: str = "/health") -> str:

@@ -81,6 +81,13 @@ def gpu_files() -> list[str]:
     return chosen
 
 
+def set_comm(title: str) -> None:
+    """The process name /proc/PID/comm shows, as the real engines set theirs."""
+    import ctypes
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(15, title.encode()[:15] + b"\0", 0, 0, 0)   # PR_SET_NAME
+
+
 def env_float(name: str, default: float) -> float:
     return float(os.environ.get(name, default))
 
@@ -430,6 +437,7 @@ def vllm(argv: list[str]) -> int:
     ready_timeout = env_float("VLLM_ENGINE_READY_TIMEOUT_S", 600.0)
     engine_core = os.fork()
     if engine_core == 0:                     # EngineCore with its workers
+        set_comm("VLLM::EngineCore")          # the real one's title (comm: 15 chars)
         sock.close()
         spawn_workers(args.tensor_parallel_size // args.nnodes, gpu_files())
         while True:

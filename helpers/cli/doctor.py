@@ -239,15 +239,17 @@ def _binary_findings(model: Any, spec: Any, who: str) -> list[Finding]:
 def _port_finding(model: Any) -> Finding | None:
     if model.port is None or "port" not in model.ports:
         return None
-    from ..facts.ports import can_bind, port_holders
-    holders = port_holders(model.port)
+    from ..facts.ports import can_bind, port_users
+    users = port_users(model.port)
+    holders = None if users is None else [info for info, _how in users]
     own = [h for h in holders or [] if h.unit == model.unit_name]
     if holders and len(own) == len(holders):
         return _model_finding("port", OK, f"port {model.port} is held by {model.unit_name} "
                               "itself (running)")
     if holders:
         return _model_finding("port", ERROR, f"port {model.port} is taken: "
-                              + "; ".join(h.describe()[:200] for h in holders),
+                              + "; ".join(f"{info.describe()[:200]} ({how})"
+                                          for info, how in users or []),
                               "stop that process, or give the model another `port`")
     if holders is None or not can_bind(model.host, model.port):
         return _model_finding("port", ERROR, f"port {model.port} is taken by a process out of "

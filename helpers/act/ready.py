@@ -10,6 +10,7 @@ import socket
 import time
 import urllib.parse
 from dataclasses import dataclass
+from typing import Callable
 
 from .progress import Progress
 
@@ -76,7 +77,7 @@ def accepts(address: str, port: int) -> bool:
             return False
 
 
-def _kill_loading_server(pidfd: int, pid: int, say) -> None:  # type: ignore[no-untyped-def]
+def _kill_loading_server(pidfd: int, pid: int, say: Callable[[str], None]) -> None:
     """The unit is stopped before the server became ready: it has nothing to
     drain, and it may ignore SIGTERM while it loads (vLLM did at 20-25 s into
     its load, then went on to serve), which would hold the stop for the whole
@@ -101,14 +102,15 @@ def _kill_loading_server(pidfd: int, pid: int, say) -> None:  # type: ignore[no-
 
 
 def wait_ready(url: str, pid: int | None, timeout: float, interval: float,
-               probe_timeout: float = 10.0, say=None) -> ReadyResult:  # type: ignore[no-untyped-def]
+               probe_timeout: float = 10.0,
+               say: Callable[[str], None] | None = None) -> ReadyResult:
     """Wait for a 2xx from `url`.  SIGTERM while waiting (the unit stopped or
     restarted while the server loads) kills the loading server (pid) and
     returns stopped=True; once the server answered, SIGTERM is left to the
     server (it drains) and this returns at once."""
     started = time.monotonic()
     deadline = started + timeout
-    say = say or (lambda message: None)
+    tell: Callable[[str], None] = say or (lambda message: None)
     pidfd: int | None = None
     ready = False
 
@@ -160,7 +162,7 @@ def wait_ready(url: str, pid: int | None, timeout: float, interval: float,
         stopped = True
         signal.signal(signal.SIGTERM, signal.SIG_IGN)    # one is enough
         if pidfd is not None and pid:
-            _kill_loading_server(pidfd, pid, say)
+            _kill_loading_server(pidfd, pid, tell)
         return ReadyResult(False, time.monotonic() - started,
                            "stopped while the server loaded", stopped=True)
     finally:

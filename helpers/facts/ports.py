@@ -31,7 +31,7 @@ def _diag(family: int, states: int) -> list[tuple[int, int, int]]:
     request = struct.pack("=BBBBI", family, socket.IPPROTO_TCP, 0, 0, states) + bytes(48)
     header = struct.pack("=IHHII", 16 + len(request), _SOCK_DIAG_BY_FAMILY,
                          _NLM_F_REQUEST_DUMP, 1, 0)
-    found = []
+    found: list[tuple[int, int, int]] = []
     with socket.socket(socket.AF_NETLINK, socket.SOCK_DGRAM, _NETLINK_SOCK_DIAG) as nl:
         nl.sendto(header + request, (0, 0))
         while True:
@@ -112,6 +112,12 @@ def _bound_out_of_sight(host: str, port: int) -> bool:
                        for _state, sport, _inode in _diag(fam, every))
     except OSError:
         return False
+
+
+def port_holders(port: int) -> list[ProcInfo] | None:
+    """port_users without the how (doctor's port check)."""
+    users = port_users(port)
+    return None if users is None else [info for info, _how in users]
 
 
 def port_users(port: int) -> list[tuple[ProcInfo, str]] | None:

@@ -110,7 +110,7 @@ def wait_ready(url: str, pid: int | None, timeout: float, interval: float,
     server (it drains) and this returns at once."""
     started = time.monotonic()
     deadline = started + timeout
-    say = say or (lambda _message: None)
+    tell: Callable[[str], None] = say or (lambda message: None)
     pidfd: int | None = None
     ready = False
 
@@ -162,7 +162,7 @@ def wait_ready(url: str, pid: int | None, timeout: float, interval: float,
         stopped = True
         signal.signal(signal.SIGTERM, signal.SIG_IGN)    # one is enough
         if pidfd is not None and pid:
-            _kill_loading_server(pidfd, pid, say)
+            _kill_loading_server(pidfd, pid, tell)
         return ReadyResult(False, time.monotonic() - started,
                            "stopped while the server loaded", stopped=True)
     finally:

@@ -1,5 +1,5 @@
 """`infer-units liveness-probe`: one health probe of a model that is active,
-run by its <name>-liveness.timer; after `failures` failed probes in a row it
+run by infer-units-liveness@<name>.timer; after `failures` failed probes in a row it
 restarts the model through systemd, after `max-restarts` such restarts within
 `restart-window` it stops the model and leaves it failed.
 
@@ -391,6 +391,34 @@ def run_probe(cfg: Config, systemd: Any, directory: str | None = None,
     return action
 
 
+def config_of_model(name: str) -> tuple[Config, dict[str, str]]:
+    """The probe's settings from the model's own file, read by the generator's
+    loader (root-only trusted config, as the generator read it), and the
+    hooks' INFER_UNITS_* settings of its [env].  ValueError: why not (no such
+    model, an invalid file, liveness off)."""
+    from ..generator.build import as_config_error
+    from ..generator.loader import discover, load_model, search_path
+    from ..generator.model import build_model
+    from ..generator.render import health_url
+    dirs = search_path()
+    found, _errors = discover(dirs)
+    path = found.get(name)
+    if path is None:
+        raise ValueError(f"no model file named {name}.toml on the search path")
+    try:
+        model = build_model(load_model(name, path, dirs))
+    except Exception as e:      # noqa: BLE001 - one line naming the file
+        raise ValueError(str(as_config_error(path, e))) from None
+    url = health_url(model)
+    live = model.liveness
+    if live is None or url is None:
+        raise ValueError(f"{path}: liveness is off (no health URL, or [liveness] interval = \"0\")")
+    env = {k: v for k, v in model.env.items()
+           if k.startswith("INFER_UNITS_") and k != "INFER_UNITS_FAKE_GPUS"}
+    return Config(model.unit_name, url, live.interval, live.failures, live.timeout,
+                  live.max_restarts, live.restart_window), env
+
+
 def main(argv: list[str]) -> int:
     import argparse
 
@@ -404,10 +432,13 @@ def main(argv: list[str]) -> int:
 
     p = argparse.ArgumentParser(
         prog="infer-units liveness-probe",
-        description="One liveness probe of an active model (run by its <name>-liveness.timer); "
-                    "restarts it through systemd after FAILURES failed probes in a row.")
-    p.add_argument("--unit", required=True)
-    p.add_argument("--url", required=True)
+        description="One liveness probe of an active model (run by "
+                    "infer-units-liveness@<name>.timer); restarts it through systemd after "
+                    "FAILURES failed probes in a row.  --model reads every setting from the "
+                    "model's file; the others give them by hand.")
+    p.add_argument("--model", help="the model's name: its [liveness] and health URL")
+    p.add_argument("--unit")
+    p.add_argument("--url")
     p.add_argument("--interval", type=duration, default=30.0, help="for the log only")
     p.add_argument("--failures", type=int, default=4)
     p.add_argument("--timeout", type=duration, default=10.0)
@@ -416,15 +447,26 @@ def main(argv: list[str]) -> int:
     p.add_argument("--state-dir", default=None)
     try:
         a = p.parse_args(argv)
+        if a.model is None and (a.unit is None or a.url is None):
+            p.error("give --model NAME, or --unit and --url")
     except SystemExit as e:
         return 1 if e.code else 0      # usage errors are 1 here (exitcodes)
-    unit = a.unit if a.unit.endswith(".service") else a.unit + ".service"
-    cfg = Config(unit, a.url, a.interval, max(1, a.failures), a.timeout,
-                 max(0, a.max_restarts), a.restart_window)
+    if a.model is not None:
+        try:
+            cfg, env = config_of_model(a.model)
+        except ValueError as e:
+            _say(ERR, f"{a.model}.service: cannot probe: {e}")
+            return 1
+        # The hooks' own settings (metrics and state directories) of the model.
+        os.environ.update(env)
+    else:
+        unit = a.unit if a.unit.endswith(".service") else a.unit + ".service"
+        cfg = Config(unit, a.url, a.interval, max(1, a.failures), a.timeout,
+                     max(0, a.max_restarts), a.restart_window)
     try:
         run_probe(cfg, Systemd(), a.state_dir)
     except OSError as e:
-        _say(ERR, f"{unit}: liveness state not written: {e}")
+        _say(ERR, f"{cfg.unit}: liveness state not written: {e}")
         return 1
     return 0
 

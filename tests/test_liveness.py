@@ -19,7 +19,6 @@ from pathlib import Path
 
 import pytest
 
-from infer_units.generator.liveness import companions
 from infer_units.helpers import liveness as lv
 from infer_units.helpers import metrics
 from support import base_env, run_cli
@@ -359,6 +358,56 @@ def test_probe_command_without_systemd(health: Health, tmp_path: Path) -> None:
     assert run_cli("liveness-probe", "--unit", "m").returncode == 1
 
 
+def test_probe_reads_its_model_by_name(health: Health, tmp_path: Path) -> None:
+    """`--model NAME` (the template unit's %i): URL, [liveness] and the hooks'
+    INFER_UNITS_* settings come from the model's file, through the loader."""
+    conf = tmp_path / "conf"
+    conf.mkdir()
+    port = health.url.split(":")[2].split("/")[0]
+    (conf / "m.toml").write_text(
+        f'engine = "command"\ncommand = ["/bin/true"]\nport = {port}\n'
+        f'[ready]\nurl = "{health.url}"\n[liveness]\nfailures = 1\ntimeout = "1s"\n'
+        f'[env]\nINFER_UNITS_LIVENESS_DIR = "{tmp_path}/state"\n')
+    env = base_env(INFER_UNITS_CONFIG_PATH=str(conf))
+    run_cli("liveness-probe", "--model", "m", env=env, check=0)
+    state = json.loads((tmp_path / "state" / "m.liveness.json").read_text())
+    assert state["url"] == health.url and state["failures"] == 1 and state["timeout"] == 1.0
+    assert state["last_probe"]["ok"] and health.requests == 1
+    done = run_cli("liveness-probe", "--model", "nosuch", env=env)
+    assert done.returncode == 1 and "no model file named nosuch.toml" in done.stdout
+
+
+def test_x_and_x_liveness_are_two_models_with_their_own_liveness(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 19 item 7: a model named like another's companion.  Both pass
+    check, each gets one unit wanting its own instance of the template units,
+    and each probe reads (and keeps state for) its own model only."""
+    from infer_units.generator.build import load_all, render_checked
+    conf = tmp_path / "conf"
+    conf.mkdir()
+    (conf / "x.toml").write_text('engine = "vllm"\nmodel = "/m"\ngpus = [0]\nport = 8000\n')
+    (conf / "x-liveness.toml").write_text('engine = "vllm"\nmodel = "/m"\ngpus = [1]\n'
+                                          'port = 8001\n[liveness]\ninterval = "10s"\n')
+    env = base_env(INFER_UNITS_CONFIG_PATH=str(conf))
+    assert run_cli("check", "x", "x-liveness", env=env).returncode == 0
+    loaded = load_all(dirs=[str(conf)])
+    assert not loaded.errors and not loaded.conflicts
+    names = {m.name: [u.name for u in render_checked(m)] for m in loaded.models}
+    assert names == {"x": ["x.service"], "x-liveness": [
+        "x-liveness.service", "infer-units-liveness@x-liveness.timer.d/50-liveness.conf"]}
+    units = {m.name: render_checked(m)[0].text for m in loaded.models}
+    assert values(units["x"], "Unit", "Wants")[-1] == "infer-units-liveness@x.timer"
+    assert values(units["x-liveness"], "Unit", "Wants")[-1] == \
+        "infer-units-liveness@x-liveness.timer"
+    monkeypatch.setenv("INFER_UNITS_CONFIG_PATH", str(conf))
+    x, _ = lv.config_of_model("x")
+    xl, _ = lv.config_of_model("x-liveness")
+    assert (x.unit, x.url, x.interval) == ("x.service", "http://127.0.0.1:8000/health", 30.0)
+    assert (xl.unit, xl.url, xl.interval) == ("x-liveness.service",
+                                              "http://127.0.0.1:8001/health", 10.0)
+    assert lv.state_path(x.unit, "/d") != lv.state_path(xl.unit, "/d")
+
+
 # ------------------------------------------------------------------ the cap's ExecStopPost
 
 def _cap_argv(tmp_path: Path) -> list[str]:
@@ -368,8 +417,8 @@ def _cap_argv(tmp_path: Path) -> list[str]:
     (conf / "m.toml").write_text('engine = "vllm"\nmodel = "/m"\ngpus = [0]\nport = 8000\n'
                                  f'[env]\nINFER_UNITS_LIVENESS_DIR = "{tmp_path}"\n')
     [model] = load_all(dirs=[str(conf)]).models
-    dropin = [u for u in companions(model) if u.name.endswith(".conf")][0]
-    line = values(dropin.text, "Service", "ExecStopPost")[0]
+    from infer_units.generator.render import render
+    line = values(render(model).text, "Service", "ExecStopPost")[-1]   # after wait-free
     assert line.startswith("+")
     return exec_argv(line)
 

@@ -17,8 +17,10 @@ HOOKS = {
     "pre-start": "ExecStartPre: reap, wait for GPUs and port, P2P self-test.",
     "wait-ready": "ExecStartPost: wait for health; fail at once if the server dies.",
     "wait-free": "ExecStopPost: wait until the GPUs are free; report what holds them.",
-    "liveness-probe": "<name>-liveness.service: probe health; restart the model after "
-                      "[liveness] failures.",
+    "liveness-probe": "infer-units-liveness@<name>.service: probe health; restart the model "
+                      "after [liveness] failures.",
+    "group-watch": "infer-units-group@<name>.service: restart a rank of a multi-node model "
+                   "whose group lost a rank.",
 }
 
 

@@ -261,12 +261,17 @@ def wait_free(argv: list[str]) -> int:
 
 
 def liveness_probe(argv: list[str]) -> int:
-    from .liveness import main as liveness_main      # run by <name>-liveness.service
+    from .liveness import main as liveness_main      # run by infer-units-liveness@<name>.service
     return liveness_main(argv)
 
 
+def group_watch(argv: list[str]) -> int:
+    from .groupwatch import main as watch_main       # run by infer-units-group@<name>.service
+    return watch_main(argv)
+
+
 COMMANDS = {"pre-start": pre_start, "wait-ready": wait_ready, "wait-free": wait_free,
-            "liveness-probe": liveness_probe}
+            "liveness-probe": liveness_probe, "group-watch": group_watch}
 
 
 def run(argv: list[str]) -> int:

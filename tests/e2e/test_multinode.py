@@ -2,7 +2,11 @@
 a private network, the same model file on each, the fake SGLang doing a real
 TCP rendezvous like torch.distributed (rank 0 serves HTTP only once every
 rank joined; a rank that loses its peer hangs; nobody rejoins a running
-group).  Nobody touches the workers: the units bring the group back."""
+group).  Nobody touches the workers: the units bring the group back, with
+the default [liveness] (30 s x 4): each rank's group watch
+(infer-units-group@big.service) sees a rank's rendezvous connection go and
+restarts its own rank at once, so the group heals within the head's load
+time + 10 s (DESIGN.md "Performance goals")."""
 
 from __future__ import annotations
 
@@ -46,16 +50,8 @@ timeout = "10s"
 [ready]
 timeout = "120s"
 interval = "200ms"
-
-[liveness]
-interval = "1s"
-failures = 2
-timeout = "2s"
-max-restarts = 20
-
-[service]
-RestartSec = "1s"
 """
+GOAL_S = LOAD_S + 10      # healthy again within the head's load time + 10 s
 
 
 @pytest.fixture(scope="module")
@@ -126,20 +122,29 @@ def test_head_restart_brings_the_whole_group_back(group: Group) -> None:
         state(group, n)["MainPID"] != before[n] for n in WORKERS), 90)
     took = time.monotonic() - started
     print(f"head restart -> group of 3 healthy again in {took:.1f}s "
-          f"(fake load {LOAD_S:g}s; liveness 2 x 1s)")
-    assert took < LOAD_S + 10 + 2 * 1 + 5, took
+          f"(fake load {LOAD_S:g}s; default liveness 30s x 4)")
+    assert took < GOAL_S, f"healed in {took:.1f}s, goal {GOAL_S:g}s"
     for name in WORKERS:
-        assert "liveness" in group[name].journal("big.service").lower()
+        assert "the head at" in group[name].journal("big.service"), name
 
 
 def test_kill_9_of_a_worker_recovers_the_group(group: Group) -> None:
     victim = WORKERS[1]
     pid = state(group, victim)["MainPID"]
     started = time.monotonic()
+    before = {n: state(group, n)["MainPID"] for n in HOSTS}
     group[victim].sh(f"kill -9 {pid}")
-    wait_for(lambda: state(group, victim)["MainPID"] not in (pid, "0") or not group_up(group), 30)
-    wait_for(lambda: group_up(group), 120)
-    print(f"kill -9 of a worker -> group healthy again in {time.monotonic() - started:.1f}s")
+    # healthy again: every rank active with a new engine (the group re-formed),
+    # the killed worker's included
+    wait_for(lambda: group_up(group) and all(
+        state(group, n)["MainPID"] not in (before[n], "0") for n in HOSTS), 90)
+    took = time.monotonic() - started
+    print(f"kill -9 of a worker -> group healthy again in {took:.1f}s "
+          f"(fake load {LOAD_S:g}s; default liveness 30s x 4)")
+    assert took < GOAL_S, f"healed in {took:.1f}s, goal {GOAL_S:g}s"
+    assert state(group, victim)["ActiveState"] == "active"
+    assert engines_on(group, victim) >= 1, "the killed worker's engine did not come back"
+    assert "left the group" in group[HEAD].journal("big.service")
 
 
 def test_stopping_the_head_parks_the_workers(group: Group) -> None:

@@ -16,7 +16,7 @@ import json
 import os
 import stat
 import sys
-from dataclasses import dataclass, field
+from .records import dataclass, field
 
 from ..generator.settings import is_pci, normalize_pci
 

@@ -145,12 +145,13 @@ def run(name: str, poll_s: float = POLL_S, systemd: Any = None,
             else:
                 why = ("rank(s) at " + ", ".join(sorted(gone)) + " left the group"
                        if nodes.is_head else f"the head at {nodes.addr} left the group")
+                # Said first: the restart stops this watch too (PartOf=), at once.
+                _journal(f"liveness: restarting {unit}: {why} (no engine lets a rank "
+                         "rejoin a running group; group watch)", WARNING, unit)
                 failed = systemd.try_restart(unit)
                 if failed is None:
-                    _journal(f"liveness: restarting {unit}: {why} (no engine lets a rank "
-                             "rejoin a running group; group watch)", WARNING, unit)
-                    return 0       # systemd restarts this watch with the model (PartOf=)
-                print(f"<3>{unit}: {why}; could not restart it: {failed}", flush=True)
+                    return 0       # systemd restarts this watch with the model
+                print(f"<3>{unit}: could not restart it: {failed}", flush=True)
         time.sleep(poll_s)
     return 0
 

@@ -38,7 +38,17 @@ _port = _checked(argtypes.port)
 _unit = _checked(argtypes.unit)
 
 
+def _formatter(prog: str) -> argparse.HelpFormatter:
+    # A width given: HelpFormatter imports shutil (and zlib, bz2, lzma) to ask
+    # the terminal's, and add_argument() builds one for every option.
+    return argparse.HelpFormatter(prog, width=int(os.environ.get("COLUMNS", "") or 0) or 100)
+
+
 class _Parser(argparse.ArgumentParser):
+    def __init__(self, *args, **kwargs) -> None:  # type: ignore[no-untyped-def]
+        kwargs.setdefault("formatter_class", _formatter)
+        super().__init__(*args, **kwargs)
+
     def error(self, message: str) -> None:  # usage errors are exit 1 here, not argparse's 2
         _say(f"{self.prog}: {message} (see --help)")     # one line: it lands in the journal
         sys.exit(exitcodes.CONFIG_ERROR)

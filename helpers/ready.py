@@ -8,7 +8,7 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from dataclasses import dataclass
+from .records import dataclass
 
 from .ports import is_listening
 from .progress import Progress

@@ -12,7 +12,7 @@ import os
 import signal
 import sys
 import time
-from dataclasses import dataclass, field
+from .records import dataclass, field
 
 from . import exitcodes
 from .attribution import (ANCESTOR, FOREIGN, IGNORED, OWN, SERVICE, Attribution, Holder,

@@ -35,7 +35,11 @@ def _stub(root: Path, program: str) -> None:
 
 @pytest.fixture(scope="module")
 def verify_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = tmp_path_factory.mktemp("verify-root")
+    return make_verify_root(tmp_path_factory.mktemp("verify-root"))
+
+
+def make_verify_root(root: Path) -> Path:
+    """This host's units and the package's template units, in `root`."""
     shutil.copytree("/usr/lib/systemd/system", root / "usr/lib/systemd/system", symlinks=True)
     for template in SHIPPED.iterdir():      # as the .deb installs them
         shutil.copy(template, root / "usr/lib/systemd/system" / template.name)
@@ -46,9 +50,12 @@ def verify_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def instances(units: list[Path]) -> list[str]:
-    """The liveness template instances the generated services want."""
+    """The liveness template instances the generated services want (those
+    of services verified under their own names: their Requisite= needs it)."""
     found = []
     for unit in units:
+        if values(unit.read_text(), "Service", "SyslogIdentifier") != [unit.stem]:
+            continue
         for value in values(unit.read_text(), "Unit", "Wants"):
             for name in value.split():
                 if name.startswith("infer-units-liveness@"):

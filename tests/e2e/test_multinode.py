@@ -84,10 +84,17 @@ def group_up(g: Group) -> bool:
     return head_healthy(g) and all(state(g, n)["ActiveState"] == "active" for n in HOSTS)
 
 
-def wait_for(predicate, timeout: float) -> float:
-    """Seconds until `predicate` held; fails after `timeout`."""
+def journals(g: Group) -> str:
+    return "\n".join(f"--- {n}: " + g[n].sh(
+        "journalctl -b -u big.service -u infer-units-group@big.service -o short-precise "
+        "--no-pager | tail -25", check=False).stdout for n in HOSTS)
+
+
+def wait_for(predicate, timeout: float, g: Group | None = None) -> float:
+    """Seconds until `predicate` held; fails after `timeout` (with the journals of `g`)."""
     started = time.monotonic()
-    assert wait_until(predicate, timeout), f"not within {timeout}s"
+    assert wait_until(predicate, timeout), f"not within {timeout}s" + (
+        "\n" + journals(g) if g is not None else "")
     return time.monotonic() - started
 
 
@@ -119,7 +126,7 @@ def test_head_restart_brings_the_whole_group_back(group: Group) -> None:
     started = time.monotonic()
     group[HEAD].sh("systemctl restart big")
     took = wait_for(lambda: group_up(group) and all(
-        state(group, n)["MainPID"] != before[n] for n in WORKERS), 90)
+        state(group, n)["MainPID"] != before[n] for n in WORKERS), 90, group)
     took = time.monotonic() - started
     print(f"head restart -> group of 3 healthy again in {took:.1f}s "
           f"(fake load {LOAD_S:g}s; default liveness 30s x 4)")
@@ -140,7 +147,7 @@ def test_kill_9_of_a_worker_recovers_the_group(group: Group) -> None:
     # healthy again: every rank active with a new engine (the group re-formed),
     # the killed worker's included
     wait_for(lambda: group_up(group) and all(
-        state(group, n)["MainPID"] not in (before[n], "0") for n in HOSTS), 90)
+        state(group, n)["MainPID"] not in (before[n], "0") for n in HOSTS), 90, group)
     took = time.monotonic() - started
     print(f"kill -9 of a worker -> group healthy again in {took:.1f}s "
           f"(fake load {LOAD_S:g}s; default liveness 30s x 4)")

@@ -78,29 +78,46 @@ def resolve(host: str) -> set[str]:
 
 
 def group_peers(is_head: bool, port: int, head_addrs: set[str],
-                conns: list[tuple[tuple[str, int], tuple[str, int]]]) -> set[str]:
-    """Head: the remote addresses connected to its rendezvous port.  Worker:
-    "head" while it has a connection to the head's rendezvous."""
+                conns: list[tuple[tuple[str, int], tuple[str, int]]],
+                own_ranks: bool = False) -> set[str]:
+    """Head: the other hosts connected to its rendezvous port (not its own
+    ranks: a remote address that is the connection's own, or loopback).
+    Worker: "head" while it has a connection to the head's rendezvous."""
     if is_head:
-        return {remote[0] for local, remote in conns if local[1] == port}
+        return {remote[0] for local, remote in conns
+                if local[1] == port and (own_ranks or (
+                    remote[0] != local[0] and not remote[0].startswith("127.")
+                    and remote[0] != "::1"))}
     return {"head"} if any(remote[1] == port and remote[0] in head_addrs
                            for _local, remote in conns) else set()
 
 
-class Watch:
-    """The decision, over successive looks at the connections."""
+SHORT = "(a rank)"      # fewer hosts connected than the group has
 
-    def __init__(self) -> None:
+
+class Watch:
+    """The decision, over successive looks at the connections.  `expected`:
+    how many peers a whole group shows (head: the other hosts; worker: 1).
+    The watch starts once the model is active, i.e. once the group formed,
+    so a group already short then is broken too."""
+
+    def __init__(self, expected: int = 0) -> None:
+        self.expected = expected
         self.baseline: set[str] = set()
         self.missing_since: dict[str, int] = {}
 
     def look(self, peers: set[str]) -> set[str]:
         """The peers of the formed group that are gone (two looks in a row,
-        so a reconnecting client is not a crash); grows the group as it forms."""
+        so a reconnecting client is not a crash)."""
         self.baseline |= peers
         gone = self.baseline - peers
+        if len(peers) < self.expected:
+            gone = gone | {SHORT}
         self.missing_since = {p: self.missing_since.get(p, 0) + 1 for p in gone}
-        return {p for p, n in self.missing_since.items() if n >= 2}
+        found = {p for p, n in self.missing_since.items() if n >= 2}
+        if len(found) > 1:
+            found.discard(SHORT)    # the named ones say it better
+        return found
 
     def reset(self) -> None:
         self.baseline.clear()
@@ -133,7 +150,7 @@ def run(name: str, poll_s: float = POLL_S, systemd: Any = None,
     what = (f"rank 0: the ranks connected to port {nodes.addr_port}" if nodes.is_head
             else f"rank {nodes.rank}: its connection to the head's rendezvous {nodes.addr}")
     print(f"<6>{unit}: watching {what}", flush=True)
-    watch = Watch()
+    watch = Watch(nodes.count - 1 if nodes.is_head else 1)
     n = 0
     while looks is None or n < looks:
         n += 1
@@ -142,8 +159,11 @@ def run(name: str, poll_s: float = POLL_S, systemd: Any = None,
             state = systemd.model_state(unit)
             if state is None or not state.serving:
                 watch.reset()       # loading, stopping: the group is forming anew
+                watch.missing_since.clear()
             else:
-                why = ("rank(s) at " + ", ".join(sorted(gone)) + " left the group"
+                why = ("a rank left the group (fewer hosts connected than it has)"
+                       if gone == {SHORT} else
+                       "rank(s) at " + ", ".join(sorted(gone)) + " left the group"
                        if nodes.is_head else f"the head at {nodes.addr} left the group")
                 # Said first: the restart stops this watch too (PartOf=), at once.
                 _journal(f"liveness: restarting {unit}: {why} (no engine lets a rank "

@@ -24,12 +24,14 @@ def test_head_sees_its_ranks_and_loses_one_when_it_dies() -> None:
     port = server.getsockname()[1]
     rank = socket.create_connection(("127.0.0.1", port))
     accepted, _ = server.accept()
-    peers = gw.group_peers(True, port, set(), gw.established())
+    peers = gw.group_peers(True, port, set(), gw.established(), own_ranks=True)
     assert peers == {"127.0.0.1"}
+    # the head's own ranks (a connection from this host) are not other hosts
+    assert gw.group_peers(True, port, set(), gw.established()) == set()
     watch = gw.Watch()
     assert watch.look(peers) == set()
     rank.close()                     # the rank's process died: the kernel closes its end
-    peers = gw.group_peers(True, port, set(), gw.established())
+    peers = gw.group_peers(True, port, set(), gw.established(), own_ranks=True)
     assert peers == set()            # the head's end is CLOSE_WAIT now, not established
     assert watch.look(peers) == set()              # once: maybe a reconnect
     assert watch.look(peers) == {"127.0.0.1"}      # twice: gone
@@ -61,11 +63,26 @@ def test_ipv6_and_mapped_addresses() -> None:
     port = server.getsockname()[1]
     conn = socket.create_connection(("::1", port))
     accepted, _ = server.accept()
-    assert gw.group_peers(True, port, set(), gw.established()) == {"::1"}
+    assert gw.group_peers(True, port, set(), gw.established(), own_ranks=True) == {"::1"}
     assert gw._address("0000000000000000FFFF00000100007F:1F90") == ("127.0.0.1", 8080)
     conn.close()
     accepted.close()
     server.close()
+
+
+def test_a_watch_started_late_sees_a_group_already_short() -> None:
+    """Started once the model is active: the group formed whole, so a host
+    missing at the first look left before the watch began."""
+    watch = gw.Watch(expected=2)
+    assert watch.look({"10.0.0.2"}) == set()
+    assert watch.look({"10.0.0.2"}) == {gw.SHORT}
+    worker = gw.Watch(expected=1)
+    worker.look(set())
+    assert worker.look(set()) == {gw.SHORT}
+    whole = gw.Watch(expected=2)
+    assert whole.look({"10.0.0.2", "10.0.0.3"}) == set()
+    whole.look({"10.0.0.2"})
+    assert whole.look({"10.0.0.2"}) == {"10.0.0.3"}
 
 
 def test_a_forming_group_grows_and_a_reset_forgets_it() -> None:

@@ -99,7 +99,9 @@ def wait_for(predicate, timeout: float, g: Group | None = None) -> float:
 
 
 def engines_on(g: Group, name: str) -> int:
-    out = g[name].sh("pgrep -fc 'fake-python -m sglang' || true").stdout.strip()
+    """Engine processes on that host, read from /proc (minbase has no pgrep)."""
+    out = g[name].sh("for p in /proc/[0-9]*; do tr '\\0' ' ' < $p/cmdline 2>/dev/null; echo; "
+                     "done | grep -c '[f]ake-python -m sglang' || true").stdout.strip()
     return int(out or 0)
 
 

@@ -11,7 +11,7 @@ liveness is still ONE generated file:
                                         reads the model's [liveness] itself
   infer-units-group@<name>.service      multi-node models only: watches the
                                         group's connections, restarts a rank
-                                        left behind (helpers/groupwatch.py)
+                                        left behind (helpers/act/groupwatch.py)
 
 The model's own unit Wants= them and carries the ExecStopPost= that leaves it
 failed at the restart cap (generator/render.py).  A drop-in is written only
@@ -19,7 +19,7 @@ for what the templates cannot know: an interval other than the default, a
 probe that may take longer than the template allows.  The instance is the
 model's name, so no model's name can collide with another's companions.
 
-The model layer (generator/model.py) builds a Liveness; rendering the lines
+The probe (helpers/act/liveness.py) decides, counts and restarts; the model layer (generator/model.py) builds a Liveness; rendering the lines
 is render.py's.  This module imports neither.
 """
 

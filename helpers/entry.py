@@ -1,5 +1,5 @@
 """`infer-units`: the hooks units run on every start and stop go straight to
-argparse (helpers/hooks.py); everything else goes to the click CLI.
+argparse (helpers/hooks/unit.py); everything else goes to the click CLI.
 
 Whatever escapes a command is one line on stderr and exit 1, never a
 traceback in the journal (INFER_UNITS_DEBUG=1 shows it)."""
@@ -27,9 +27,9 @@ HOOKS = {
 def _run() -> None:
     argv = sys.argv[1:]
     if argv and argv[0] in HOOKS:
-        from .hooks import run
+        from .hooks.unit import run
         sys.exit(run(argv))
-    from .cli import main as cli_main
+    from .cli.root import main as cli_main
     cli_main()
 
 

@@ -59,7 +59,7 @@ class FakeGpus:
              "device": str(self.devices[i]), "memory_mib": 143771} for i in range(count)]}))
 
     def env(self, **extra: str) -> dict[str, str]:
-        # Start claims (helpers/gpulock.py) go under the test's directory, not /run.
+        # Start claims (helpers/decide/claims.py) go under the test's directory, not /run.
         extra.setdefault("INFER_UNITS_RUN_DIR", str(self.dir / "run"))
         return base_env(INFER_UNITS_FAKE_GPUS=str(self.table), **extra)
 

@@ -1,4 +1,4 @@
-"""The group watch (helpers/groupwatch.py) reads real connections from this
+"""The group watch (helpers/act/groupwatch.py) reads real connections from this
 host's /proc/net/tcp{,6}: a rendezvous served here, a rank connected to it,
 the rank going away.  systemd is the boundary: tests/e2e/test_multinode.py
 drives the real one."""
@@ -9,7 +9,7 @@ import socket
 
 import pytest
 
-from infer_units.helpers import groupwatch as gw
+from infer_units.helpers.act import groupwatch as gw
 
 
 def _listener(family: int = socket.AF_INET, host: str = "127.0.0.1") -> socket.socket:

@@ -83,7 +83,7 @@ def test_dry_run_predicts_exactly_what_drain_does(fake_gpus: FakeGpus, holders) 
 
 
 def test_module_users_from_proc_modules_when_refcnt_is_absent(tmp_path: Path) -> None:
-    from infer_units.helpers.drain import describe_module, module_users
+    from infer_units.helpers.act.drain import describe_module, module_users
     refcnt, modules = tmp_path / "refcnt", tmp_path / "modules"
     modules.write_text("nvidia_uvm 1527808 4 - Live 0x0 (POE)\n"
                        "nvidia 56209408 37 nvidia_uvm,nvidia_modeset, Live 0x0 (POE)\n")
@@ -102,7 +102,7 @@ def test_module_users_from_proc_modules_when_refcnt_is_absent(tmp_path: Path) ->
 # ---------------------------------------------------------------- CLI style
 
 def _commands() -> dict[str, click.Command]:
-    from infer_units.helpers.cli import main
+    from infer_units.helpers.cli.root import main
     return dict(main.commands)
 
 
@@ -191,5 +191,5 @@ def _model(state: str | None) -> dict:
     (["active"], ["ghost"], 1),
 ])
 def test_status_exit_codes(states: list, unknown: list, code: int) -> None:
-    from infer_units.helpers.status import exit_code
+    from infer_units.helpers.cli.status import exit_code
     assert exit_code({"models": [_model(s) for s in states], "unknown": unknown}) == code

@@ -7,7 +7,7 @@ import socket
 import threading
 import time
 
-from infer_units.helpers.rendezvous import head_state, wait_rendezvous
+from infer_units.helpers.act.rendezvous import head_state, wait_rendezvous
 
 
 def listener() -> socket.socket:

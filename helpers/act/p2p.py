@@ -8,10 +8,10 @@ import json
 import os
 import subprocess
 import sys
-from .records import dataclass
+from ..records import dataclass
 
 from .envfile import update_env_file
-from .gpus import Gpu
+from ..facts.gpus import Gpu
 
 CACHE_DIR = os.environ.get("INFER_UNITS_P2P_CACHE", "/run/infer-units/p2p")
 SELFTEST = os.path.join(os.path.dirname(os.path.abspath(__file__)), "p2p_selftest.py")

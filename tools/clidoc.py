@@ -1,14 +1,20 @@
 """The command reference, read from the click command tree: the README's
-command table (`python3 -m infer_units.helpers.clidoc`) and the man page
+command table (`python3 tools/clidoc.py`) and the man page
 infer-units(1) (tools/make-man) are generated from it, so neither can miss a
 command or an option.  Hidden commands (the unit hooks, entry.HOOKS) are left
 out: operators never type them."""
 
 from __future__ import annotations
 
+import os
+import sys
 from dataclasses import dataclass
 
 import click
+
+# Run as tools/clidoc.py or imported by tools/make-man: the checkout root holds infer_units.
+if __name__ == "__main__":
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 @dataclass(frozen=True)
@@ -55,7 +61,7 @@ def _needs_ctx(opt: click.Option) -> bool:
 
 
 def commands() -> list[CommandDoc]:
-    from .cli import main
+    from infer_units.helpers.cli.root import main
     root = click.Context(main, info_name="infer-units")
     docs = []
     for name in sorted(main.commands):

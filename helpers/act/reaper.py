@@ -12,15 +12,15 @@ import os
 import signal
 import sys
 import time
-from .records import dataclass, field
+from ..records import dataclass, field
 
-from . import exitcodes
-from .attribution import (ANCESTOR, FOREIGN, IGNORED, OWN, SERVICE, Attribution, Holder,
+from .. import exitcodes
+from ..decide.attribution import (ANCESTOR, FOREIGN, IGNORED, OWN, SERVICE, Attribution, Holder,
                           attribute)
-from .gpumemory import describe as describe_unaccounted
-from .gpus import Backend, Gpu, unseen_message
+from ..facts.gpumemory import describe as describe_unaccounted
+from ..facts.gpus import Backend, Gpu, unseen_message
 from .pidwait import PidSet
-from .procinfo import read_proc, read_stat, wchan
+from ..facts.procinfo import read_proc, read_stat, wchan
 from .progress import Progress
 
 # How often to re-ask the backend while it still lists a pid whose pidfd said

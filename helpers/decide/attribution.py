@@ -15,12 +15,12 @@ free", never "free".
 from __future__ import annotations
 
 import os
-from .records import dataclass, field
+from ..records import dataclass, field
 
-from ..generator.settings import BUILTIN_IGNORE
-from .gpumemory import unaccounted
-from .gpus import Backend, Gpu, GpuUse
-from .procinfo import ProcInfo, ancestors, matches_name, read_cgroup, read_proc, unit_of_cgroup
+from ...generator.settings import BUILTIN_IGNORE
+from ..facts.gpumemory import unaccounted
+from ..facts.gpus import Backend, Gpu, GpuUse
+from ..facts.procinfo import ProcInfo, ancestors, matches_name, read_cgroup, read_proc, unit_of_cgroup
 
 OWN, SERVICE, IGNORED, FOREIGN, ANCESTOR = "own", "service", "ignored", "foreign", "ancestor"
 GENERATOR_DIR = os.environ.get("INFER_UNITS_GENERATOR_DIR", "/run/systemd/generator")

@@ -20,8 +20,8 @@ from typing import Any
 
 import click
 
-from . import exitcodes
-from .cli import complete_model_names, main
+from .. import exitcodes
+from .root import complete_model_names, main
 
 OVERRIDE = "override.toml"
 # Like systemctl edit: what is above the first marker is the drop-in; the rest is for reference.
@@ -90,7 +90,7 @@ def format_merged(merged: Any, comment: str = "") -> str:
 # ---------------------------------------------------------------- loading
 
 def _find(name: str, dirs: list[str]) -> str:
-    from ..generator.loader import discover, forget_cache
+    from ...generator.loader import discover, forget_cache
     name = name.removesuffix(".service")
     forget_cache()
     found, _ = discover(dirs)
@@ -100,8 +100,8 @@ def _find(name: str, dirs: list[str]) -> str:
 
 
 def _load(name: str, dirs: list[str]) -> Any:
-    from ..generator.errors import ConfigError
-    from ..generator.loader import forget_cache, load_model
+    from ...generator.errors import ConfigError
+    from ...generator.loader import forget_cache, load_model
     path = _find(name, dirs)
     forget_cache()
     try:
@@ -115,9 +115,9 @@ def _load(name: str, dirs: list[str]) -> Any:
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable: every key with its value and file.")
 def cat_command(name: str, as_json: bool) -> None:
     """The merged model NAME: every value with the file it came from."""
-    from ..generator.errors import ConfigError
-    from ..generator.loader import search_path
-    from ..generator.model import build_model
+    from ...generator.errors import ConfigError
+    from ...generator.loader import search_path
+    from ...generator.model import build_model
     merged = _load(name, search_path())
     if as_json:
         flat: dict[str, Any] = {}
@@ -169,8 +169,8 @@ def _validate(name: str, dirs: list[str], edit_dir: str, content: str) -> tuple[
     generator's own loading, on the search path with a directory holding only
     the candidate drop-in placed just above edit_dir (so it replaces the old
     override there and higher directories still win, as they will)."""
-    from ..generator.build import load_all
-    from ..generator.render import render
+    from ...generator.build import load_all
+    from ...generator.render import render
     with tempfile.TemporaryDirectory(prefix="infer-units-edit-") as overlay:
         candidate = os.path.join(overlay, f"{name}.toml.d", OVERRIDE)
         os.makedirs(os.path.dirname(candidate))
@@ -207,7 +207,7 @@ def _reload() -> None:
 def edit_command(name: str, no_reload: bool) -> None:
     """Edit NAME's drop-in NAME.toml.d/override.toml in $EDITOR; kept only if
     the model stays valid, then systemctl daemon-reload."""
-    from ..generator.loader import search_path
+    from ...generator.loader import search_path
     name = name.removesuffix(".service")
     dirs = search_path()
     merged = _load(name, dirs)

@@ -6,15 +6,15 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from ..generator.build import load_all
-from ..generator.model import Model
-from ..generator.render import health_url
-from .attribution import attribute
-from .gpus import GpuError, backend, select
-from .liveness import cell as liveness_cell, view as liveness_view
-from .metrics import load_state
-from .ready import probe
-from .systemd import SystemdUnavailable, unit_state
+from ...generator.build import load_all
+from ...generator.model import Model
+from ...generator.render import health_url
+from ..decide.attribution import attribute
+from ..facts.gpus import GpuError, backend, select
+from ..act.liveness import cell as liveness_cell, view as liveness_view
+from ..act.metrics import load_state
+from ..act.ready import probe
+from ..facts.systemd import SystemdUnavailable, unit_state
 from .table import format_table
 
 SCHEMA_VERSION = 1
@@ -155,7 +155,7 @@ def table(report: dict[str, Any]) -> str:
             for index, mib in gpu.get("unaccounted_mib", {}).items():
                 notes.append(f"{m['name']}: GPU {index}: {mib} MiB used by no visible process")
             if gpu.get("unseen"):
-                from .gpus import unseen_message
+                from ..facts.gpus import unseen_message
                 notes.append(f"{m['name']}: {unseen_message(gpu['unseen'])}")
         else:
             gpus, mem = "?", "-"
@@ -182,7 +182,7 @@ FAILED = 3
 
 
 def exit_code(report: dict[str, Any]) -> int:
-    from .exitcodes import CLEAN, CONFIG_ERROR
+    from ..exitcodes import CLEAN, CONFIG_ERROR
     models = report["models"]
     if report["unknown"] or any(not m["systemd"]["available"] for m in models):
         return CONFIG_ERROR

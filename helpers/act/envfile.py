@@ -7,7 +7,7 @@ import os
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from .gpus import Gpu
+    from ..facts.gpus import Gpu
 
 
 class EnvFileError(Exception):

@@ -8,9 +8,9 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from .records import dataclass
+from ..records import dataclass
 
-from .ports import is_listening
+from ..facts.ports import is_listening
 from .progress import Progress
 
 

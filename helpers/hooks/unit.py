@@ -14,8 +14,8 @@ import signal
 import sys
 import time
 
-from . import argtypes, exitcodes
-from .ports import wait_port_reporting
+from .. import argtypes, exitcodes
+from ..facts.ports import wait_port_reporting
 
 
 def _say(message: str) -> None:
@@ -55,8 +55,8 @@ class _Parser(argparse.ArgumentParser):
 
 
 def gpus_or_exit(selector: str):  # type: ignore[no-untyped-def]
-    from .gpumemory import baseline_mib
-    from .gpus import GpuError, backend, select
+    from ..facts.gpumemory import baseline_mib
+    from ..facts.gpus import GpuError, backend, select
     try:
         b = backend()
         chosen = select(b.gpus(), selector)
@@ -78,11 +78,11 @@ def unit_name(name: str | None) -> str | None:
 def _refuse_without_restart(unit: str | None) -> None:
     """Blocked: cancel our own start job so Restart=on-failure does not retry
     until the other service lets go of the GPUs and then take them unasked."""
-    from .procinfo import read_cgroup, unit_of_cgroup
+    from ..facts.procinfo import read_cgroup, unit_of_cgroup
     if not unit or unit_of_cgroup(read_cgroup(os.getpid())) != unit:
         _say(f"not in {unit}'s cgroup ({read_cgroup(os.getpid())}): no start job to cancel")
         return      # run by hand, not as the unit's ExecStartPre
-    from .systemd import cancel_own_start
+    from ..facts.systemd import cancel_own_start
     # The stop job SIGTERMs us.  A Python handler runs only between bytecodes
     # and was seen on H200 to lose the race (the hook ended by 15/TERM): ignore
     # the signal instead, so we always leave with "blocked" (exit 2) ourselves,
@@ -125,7 +125,7 @@ def pre_start(argv: list[str]) -> int:
                         "(e.g. VLLM_ALLREDUCE_USE_FLASHINFER=0), written to the env file")
     a = p.parse_args(argv)
     unit = unit_name(a.unit)
-    from .fence import refusal
+    from ..decide.fence import refusal
     fenced = refusal(unit)
     if fenced:            # `infer-units drain`: nothing starts until `resume`
         _say(fenced)
@@ -134,14 +134,14 @@ def pre_start(argv: list[str]) -> int:
     started = time.monotonic()
     claims = None
     if a.env_file:
-        from .envfile import EnvFileError, read_env_file
+        from ..act.envfile import EnvFileError, read_env_file
         try:
             read_env_file(a.env_file)     # unusable: say so before touching anything
         except EnvFileError as e:
             _say(str(e))
             return exitcodes.CONFIG_ERROR
     if a.gpus is not None:       # --gpus "" is a usage error, not "nothing to do"
-        from .gpulock import ClaimError, GpuClaims
+        from ..decide.claims import ClaimError, GpuClaims
         b, gpus = gpus_or_exit(a.gpus)
         claims = GpuClaims(gpus, unit)
         try:
@@ -167,10 +167,10 @@ def _start_checks(a: argparse.Namespace, unit: str, claims) -> int:  # type: ign
     """Reap, env file, port, P2P: pre-start after the GPUs are claimed."""
     gpus = claims.gpus if claims is not None else []
     if claims is not None:
-        from .envfile import EnvFileError, write_visible_devices
-        from .gpus import backend
-        from .metrics import record_reap
-        from .reaper import Reaper, ReapPolicy
+        from ..act.envfile import EnvFileError, write_visible_devices
+        from ..facts.gpus import backend
+        from ..act.metrics import record_reap
+        from ..act.reaper import Reaper, ReapPolicy
         result = Reaper(backend(), gpus, unit, ReapPolicy(a.foreign, a.term_grace, a.timeout,
                                                           tuple(a.ignore))).run()
         record_reap(unit, result)
@@ -189,9 +189,9 @@ def _start_checks(a: argparse.Namespace, unit: str, claims) -> int:  # type: ign
     if a.port and not wait_port_reporting(a.host, a.port, a.timeout, _say):
         return exitcodes.TIMED_OUT
     if a.p2p and claims is not None and a.env_file:
-        from .envfile import EnvFileError
-        from .metrics import record_p2p
-        from .p2p import check_p2p
+        from ..act.envfile import EnvFileError
+        from ..act.metrics import record_p2p
+        from ..act.p2p import check_p2p
         try:
             record_p2p(unit, check_p2p(gpus, a.env_file, a.python, off_args=a.p2p_off_args,
                                        off_env=dict(v.partition("=")[::2]
@@ -200,7 +200,7 @@ def _start_checks(a: argparse.Namespace, unit: str, claims) -> int:  # type: ign
             _say(str(e))
             return exitcodes.CONFIG_ERROR
     if a.wait_rendezvous:
-        from .rendezvous import wait_rendezvous
+        from ..act.rendezvous import wait_rendezvous
         wait_rendezvous(a.wait_rendezvous, a.head_url, _say)
     return exitcodes.CLEAN
 
@@ -219,12 +219,12 @@ def wait_ready(argv: list[str]) -> int:
                    help="how long one health request may take (SGLang's /health generates "
                         "a token before it answers)")
     a = p.parse_args(argv)
-    from .ready import wait_ready as wait
+    from ..act.ready import wait_ready as wait
     result = wait(a.url, a.pid, a.timeout, a.interval, a.probe_timeout)
     if result.ready:
         return exitcodes.CLEAN
     if result.server_exited:
-        from .systemd import main_exit_status
+        from ..facts.systemd import main_exit_status
         status = main_exit_status(os.environ.get("INVOCATION_ID"), a.pid)
         _say(result.reason + (f"; exit status {status}" if status else ""))
         return status if status and 0 < status < 256 else exitcodes.CONFIG_ERROR
@@ -246,8 +246,8 @@ def wait_free(argv: list[str]) -> int:
     p.add_argument("--ignore", action="append", default=[])
     p.add_argument("--result", default="", help="$SERVICE_RESULT, for the log")
     a = p.parse_args(argv)
-    from .metrics import record_free
-    from .reaper import Reaper, ReapPolicy
+    from ..act.metrics import record_free
+    from ..act.reaper import Reaper, ReapPolicy
     unit = unit_name(a.unit)
     b, gpus = gpus_or_exit(a.gpus)
     policy = ReapPolicy("report", 0.0, a.timeout, tuple(a.ignore), services="report")
@@ -257,7 +257,7 @@ def wait_free(argv: list[str]) -> int:
     gpu_list = ",".join(str(g.index) for g in gpus)
     if result.exit_code == exitcodes.CLEAN:
         if unit:
-            from .gpulock import GpuClaims
+            from ..decide.claims import GpuClaims
             GpuClaims(gpus, unit).release()
         others = len(result.reported) + len(result.unaccounted)
         _say(f"GPU {gpu_list} free after {result.seconds * 1000:.0f} ms{where}"
@@ -271,12 +271,12 @@ def wait_free(argv: list[str]) -> int:
 
 
 def liveness_probe(argv: list[str]) -> int:
-    from .liveness import main as liveness_main      # run by infer-units-liveness@<name>.service
+    from ..act.liveness import main as liveness_main      # run by infer-units-liveness@<name>.service
     return liveness_main(argv)
 
 
 def group_watch(argv: list[str]) -> int:
-    from .groupwatch import main as watch_main       # run by infer-units-group@<name>.service
+    from ..act.groupwatch import main as watch_main       # run by infer-units-group@<name>.service
     return watch_main(argv)
 
 

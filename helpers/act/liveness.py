@@ -18,7 +18,7 @@ import os
 import socket
 import time
 
-from ..generator.liveness import STATE_DIR, cap_marker
+from ...generator.liveness import STATE_DIR, cap_marker
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -396,10 +396,10 @@ def config_of_model(name: str) -> tuple[Config, dict[str, str]]:
     loader (root-only trusted config, as the generator read it), and the
     hooks' INFER_UNITS_* settings of its [env].  ValueError: why not (no such
     model, an invalid file, liveness off)."""
-    from ..generator.build import as_config_error
-    from ..generator.loader import discover, load_model, search_path
-    from ..generator.model import build_model
-    from ..generator.render import health_url
+    from ...generator.build import as_config_error
+    from ...generator.loader import discover, load_model, search_path
+    from ...generator.model import build_model
+    from ...generator.render import health_url
     dirs = search_path()
     found, _errors = discover(dirs)
     path = found.get(name)
@@ -422,7 +422,7 @@ def config_of_model(name: str) -> tuple[Config, dict[str, str]]:
 def main(argv: list[str]) -> int:
     import argparse
 
-    from ..generator.durations import parse_duration
+    from ...generator.durations import parse_duration
 
     def duration(text: str) -> float:
         try:
@@ -478,7 +478,7 @@ def view(model: Any) -> dict[str, Any] | None:
     live = getattr(model, "liveness", None)
     if live is None:
         return None
-    from ..generator.render import health_url
+    from ...generator.render import health_url
     if health_url(model) is None:
         return None
     # The probe's directory is the model's [env] (INFER_UNITS_LIVENESS_DIR), as it runs.

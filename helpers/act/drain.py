@@ -7,7 +7,7 @@ The order is what makes the fence hold: the fence is written before the
 units are listed, so a unit whose pre-start passed the fence just before is
 already activating when listed, and is stopped with the rest; any start
 after that (Restart=, a timer, an operator) is refused by its pre-start
-(helpers/fence.py).  `--dry-run` runs the same plan with nothing written,
+(helpers/decide/fence.py).  `--dry-run` runs the same plan with nothing written,
 stopped or signalled, and reports it in the same shape (`--json`)."""
 
 from __future__ import annotations
@@ -15,9 +15,10 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-from . import exitcodes, fence
-from .attribution import SERVICE, _service_parent, attribute, is_infer_units_service
-from .gpus import Backend, FdScan, Gpu, GpuError, GpuUse, backend, fd_holders
+from .. import exitcodes
+from ..decide import fence
+from ..decide.attribution import SERVICE, _service_parent, attribute, is_infer_units_service
+from ..facts.gpus import Backend, FdScan, Gpu, GpuError, GpuUse, backend, fd_holders
 from .reaper import ReapPolicy, Reaper
 
 REFCNT = "/sys/module/nvidia/refcnt"
@@ -96,7 +97,7 @@ def drain(timeout: float, term_grace: float, ignore: tuple[str, ...],
     """(exit code, report).  The report has the same keys with and without
     dry_run: "stop" (units), "signal" (pids), "fence"; a dry run's is the
     prediction of the real run's."""
-    from .systemd import SystemdUnavailable, list_unit_states, stop_units
+    from ..facts.systemd import SystemdUnavailable, list_unit_states, stop_units
     report: dict[str, Any] = {"schema": SCHEMA_VERSION, "dry_run": dry_run,
                               "fence": {"path": fence.path(), "stopped": []},
                               "stop": [], "not_stopped": [], "signal": [],
@@ -175,7 +176,7 @@ def drain(timeout: float, term_grace: float, ignore: tuple[str, ...],
 def resume(wait: float | None) -> tuple[int, dict[str, Any]]:
     """Lift the fence, then start exactly the units drain stopped (0 when
     all are active; 3 when one failed or is still starting after `wait`)."""
-    from .systemd import SystemdUnavailable, list_unit_states, start_units
+    from ..facts.systemd import SystemdUnavailable, list_unit_states, start_units
     report: dict[str, Any] = {"schema": SCHEMA_VERSION, "fence": fence.path(),
                               "was_fenced": False, "start": [], "states": {}}
     try:

@@ -10,9 +10,9 @@ import sys
 
 import click
 
-from . import argtypes, exitcodes
-from .cli import DURATION, complete_model_names, echo_json, main
-from .hooks import gpus_or_exit, unit_name
+from .. import argtypes, exitcodes
+from .root import DURATION, complete_model_names, echo_json, main
+from ..hooks.unit import gpus_or_exit, unit_name
 from .table import format_table
 
 
@@ -42,7 +42,7 @@ UNIT = _Checked(argtypes.unit)
 def _gpus(selector: str | None):  # type: ignore[no-untyped-def]
     """None (option not given): every GPU.  Any given text goes through the
     strict selector: "" or "," is a usage error, never "all"."""
-    from .gpus import GpuError, backend
+    from ..facts.gpus import GpuError, backend
     if selector is not None:
         return gpus_or_exit(selector)
     try:
@@ -57,7 +57,7 @@ def _check_env_file(path: str | None) -> None:
     """Before any work: an env file we could not update later is exit 1 now."""
     if path is None:
         return
-    from .envfile import EnvFileError, read_env_file
+    from ..act.envfile import EnvFileError, read_env_file
     try:
         read_env_file(path)
     except EnvFileError as e:
@@ -72,10 +72,10 @@ def _check_env_file(path: str | None) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def holders(selector: str | None, as_json: bool) -> None:
     """Who uses which GPU: pid, user, unit or container, GPU, memory, cmdline."""
-    from .attribution import attribute
+    from ..decide.attribution import attribute
     b, gpus = _gpus(selector)
     seen = attribute(b, gpus, own_unit=None)
-    from .gpumemory import describe
+    from ..facts.gpumemory import describe
     if as_json:
         click.echo(json.dumps({
             "backend": b.name, "exact": b.exact,
@@ -102,7 +102,7 @@ def holders(selector: str | None, as_json: bool) -> None:
     for line in describe(seen.unaccounted):
         click.echo(line)
     if seen.unseen:
-        from .gpus import unseen_message
+        from ..facts.gpus import unseen_message
         click.echo(unseen_message(seen.unseen))
     elif len(rows) == 1 and not seen.unaccounted:
         click.echo(f"no process uses GPU {','.join(str(g.index) for g in gpus)}")
@@ -127,15 +127,15 @@ def holders(selector: str | None, as_json: bool) -> None:
 def reap(selector: str, unit: str | None, foreign: str, term_grace: float, timeout: float,
          ignore: tuple[str, ...], env_file: str | None, dry_run: bool, as_json: bool) -> None:
     """Reap the users of GPUs and wait until they are free."""
-    from .metrics import record_reap
-    from .reaper import Reaper, ReapPolicy
+    from ..act.metrics import record_reap
+    from ..act.reaper import Reaper, ReapPolicy
     policy = ReapPolicy(foreign=foreign, term_grace=term_grace,
                         timeout=timeout, ignore=ignore, dry_run=dry_run)
     _check_env_file(env_file)
     b, gpus = _gpus(selector)
     result = Reaper(b, gpus, unit_name(unit), policy).run()
     if env_file and not dry_run and result.exit_code == exitcodes.CLEAN:
-        from .envfile import EnvFileError, write_visible_devices
+        from ..act.envfile import EnvFileError, write_visible_devices
         try:
             write_visible_devices(env_file, gpus)
         except EnvFileError as e:
@@ -160,7 +160,7 @@ def reap(selector: str, unit: str | None, foreign: str, term_grace: float, timeo
 @click.option("--timeout", type=DURATION, default="60s", help="How long to wait; then exit 3.")
 def wait_port(port: int, host: str, timeout: float) -> None:
     """Wait until the port is free; name who holds it if it is not."""
-    from .ports import wait_port_reporting
+    from ..facts.ports import wait_port_reporting
     if not wait_port_reporting(host, port, timeout,
                                lambda m: click.echo(f"infer-units: {m}", err=True)):
         sys.exit(exitcodes.TIMED_OUT)
@@ -176,12 +176,12 @@ def _hook_command(name: str, summary: str) -> None:
                   context_settings={"ignore_unknown_options": True, "allow_extra_args": True})
     @click.pass_context
     def command(ctx: click.Context) -> None:
-        from .hooks import run
+        from ..hooks.unit import run
         sys.exit(run([name, *ctx.args]))
 
 
 def _register_hooks() -> None:
-    from .entry import HOOKS
+    from ..entry import HOOKS
     for name, summary in HOOKS.items():
         _hook_command(name, summary)
 
@@ -202,9 +202,9 @@ _register_hooks()
 @click.option("--timeout", type=DURATION, default="90s", help="Limit for the whole self-test.")
 def p2p_check(selector: str, env_file: str | None, python: str, timeout: float) -> None:
     """Copy-and-compare between every GPU pair; NCCL_P2P_DISABLE=1 on failure."""
-    from .envfile import EnvFileError
-    from .metrics import record_p2p
-    from .p2p import check_p2p
+    from ..act.envfile import EnvFileError
+    from ..act.metrics import record_p2p
+    from ..act.p2p import check_p2p
     seconds = timeout
     _check_env_file(env_file)
     _b, gpus = _gpus(selector)
@@ -255,7 +255,7 @@ def drain(timeout: float, term_grace: float, ignore: tuple[str, ...], dry_run: b
     """Before a driver reload: fence starts, stop every running infer-units
     service, reap every /dev/nvidia* holder.  Models stay fenced (a start,
     Restart= included, is refused) until `infer-units resume`."""
-    from .drain import drain as run_drain
+    from ..act.drain import drain as run_drain
     code, report = run_drain(timeout, term_grace, ignore, dry_run)
     if as_json:
         echo_json(report)
@@ -269,7 +269,7 @@ def drain(timeout: float, term_grace: float, ignore: tuple[str, ...], dry_run: b
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def resume(timeout: float, no_block: bool, as_json: bool) -> None:
     """Lift drain's fence and start again exactly the units drain stopped."""
-    from .drain import resume as run_resume
+    from ..act.drain import resume as run_resume
     code, report = run_resume(None if no_block else timeout)
     if as_json:
         echo_json(report)

@@ -83,7 +83,7 @@ def record_p2p(unit: str | None, verdict: Any) -> None:
 
 
 def record_liveness(unit: str | None, state: dict[str, Any], restarted: bool) -> None:
-    """After a liveness probe that changed something (helpers/liveness.py)."""
+    """After a liveness probe that changed something (helpers/act/liveness.py)."""
     _update(unit, {"liveness_consecutive_failures": state.get("consecutive_failures", 0),
                    "liveness_capped": 1 if state.get("capped") else 0},
             {"liveness_restarts_total": 1 if restarted else 0})

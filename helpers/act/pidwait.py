@@ -9,7 +9,7 @@ TYPE_CHECKING = False     # typing costs a hook's start-up; annotations are stri
 if TYPE_CHECKING:
     from typing import Callable, Iterable
 
-from .procinfo import ProcInfo, read_stat
+from ..facts.procinfo import ProcInfo, read_stat
 
 
 class PidSet:

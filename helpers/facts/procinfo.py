@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 import pwd
 import re
-from .records import dataclass
+from ..records import dataclass
 
 _CONTAINER_PATTERNS = (
     (re.compile(r"docker-([0-9a-f]{12,})\.scope"), "docker"),

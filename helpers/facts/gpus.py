@@ -16,9 +16,9 @@ import json
 import os
 import stat
 import sys
-from .records import dataclass, field
+from ..records import dataclass, field
 
-from ..generator.settings import is_pci, normalize_pci
+from ...generator.settings import is_pci, normalize_pci
 
 NVIDIA_PROC = "/proc/driver/nvidia/gpus"
 
@@ -265,7 +265,7 @@ def _load_pynvml():  # type: ignore[no-untyped-def]
     except ImportError:
         pass
     try:
-        from .._vendor import pynvml  # type: ignore[attr-defined]  # bundled by the .deb
+        from ..._vendor import pynvml  # type: ignore[attr-defined]  # bundled by the .deb
         return pynvml
     except ImportError:
         return None

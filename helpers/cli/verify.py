@@ -27,7 +27,7 @@ def available() -> str | None:
 def verify_units(units: list[Any]) -> dict[str, list[str]] | None:
     """Unit name -> verify's lines about it; None when systemd-analyze is not
     installed.  `units` are RenderedUnits (a model's unit and its companions)."""
-    from ..generator.main import write_unit
+    from ...generator.main import write_unit
     analyze = available()
     if analyze is None or not units:
         return None

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import os
 import time
-from .records import dataclass
+from ..records import dataclass
 from typing import Any
 
 

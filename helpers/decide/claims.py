@@ -30,10 +30,10 @@ import fcntl
 import json
 import os
 import time
-from .records import dataclass
+from ..records import dataclass
 
-from .gpus import Gpu
-from .procinfo import read_cgroup, read_stat, unit_of_cgroup
+from ..facts.gpus import Gpu
+from ..facts.procinfo import read_cgroup, read_stat, unit_of_cgroup
 
 LIVE_STATES = ("active", "activating", "deactivating", "reloading")
 LOCK_POLL_S = 0.005
@@ -92,7 +92,7 @@ def _cgroup_populated(path: str) -> bool | None:
 def claim_live(claim: Claim) -> tuple[bool, str]:
     """(live, how we know)."""
     try:
-        from .systemd import SystemdUnavailable, unit_state
+        from ..facts.systemd import SystemdUnavailable, unit_state
         try:
             state = unit_state(claim.unit)
             return state.active_state in LIVE_STATES, f"{state.active_state}/{state.sub_state}"

@@ -131,8 +131,8 @@ def _journal(message: str, priority: int, unit: str) -> None:
 
 def run(name: str, poll_s: float = POLL_S, systemd: Any = None,
         looks: int | None = None) -> int:
-    from ..generator.loader import discover, load_model, search_path
-    from ..generator.model import build_model
+    from ...generator.loader import discover, load_model, search_path
+    from ...generator.model import build_model
     from .liveness import WARNING, Systemd
     dirs = search_path()
     path = discover(dirs)[0].get(name)

@@ -9,7 +9,7 @@ from typing import Any
 
 import click
 
-from .exitcodes import CLEAN, CONFIG_ERROR
+from ..exitcodes import CLEAN, CONFIG_ERROR
 
 
 class Duration(click.ParamType):
@@ -21,7 +21,7 @@ class Duration(click.ParamType):
     def convert(self, value: Any, param: Any, ctx: Any) -> float:
         if isinstance(value, float):
             return value
-        from .argtypes import duration
+        from ..argtypes import duration
         try:
             return duration(str(value))
         except ValueError as e:
@@ -33,7 +33,7 @@ DURATION = Duration()
 
 def complete_model_names(ctx: Any, param: Any, incomplete: str) -> list[str]:
     """Model names on the search path, for bash completion."""
-    from ..generator.loader import discover
+    from ...generator.loader import discover
     return sorted(n for n in discover()[0] if n.startswith(incomplete))
 
 
@@ -80,9 +80,9 @@ def main() -> None:
               help="Machine-readable: each unit's name, source, links and text (or path).")
 def render(names: tuple[str, ...], output: str | None, as_json: bool) -> None:
     """Print (or write) what the generator would write for NAMES (default: every model)."""
-    from ..generator.build import load_all, render_checked
-    from ..generator.errors import ConfigError
-    from ..generator.main import write_unit
+    from ...generator.build import load_all, render_checked
+    from ...generator.errors import ConfigError
+    from ...generator.main import write_unit
 
     loaded = load_all(list(names))
     for error in loaded.errors:
@@ -146,8 +146,8 @@ def check(names: tuple[str, ...], as_json: bool, verify: bool) -> None:
 
     Also GPU and port overlaps between models, and what systemd-analyze verify
     says of the units they would get (warnings); exit 1 on any error."""
-    from ..generator.build import load_all, render_checked
-    from ..generator.errors import ConfigError
+    from ...generator.build import load_all, render_checked
+    from ...generator.errors import ConfigError
 
     loaded = load_all(list(names))
     problems: list[Any] = [*loaded.errors, *loaded.conflicts]
@@ -182,6 +182,6 @@ def check(names: tuple[str, ...], as_json: bool, verify: bool) -> None:
     sys.exit(code)
 
 
-from . import cli_gpu  # noqa: E402,F401  (registers the GPU commands on `main`)
+from . import gpu  # noqa: E402,F401  (registers the GPU commands on `main`)
 
-from . import cli_config  # noqa: E402,F401  (registers cat and edit on `main`)
+from . import config  # noqa: E402,F401  (registers cat and edit on `main`)

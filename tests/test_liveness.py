@@ -465,3 +465,20 @@ def test_status_view_and_cell(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -
     assert entry["timeout"] == 10.0 and entry["failures"] == 3
     assert lv.cell(entry) == "2/3 failed: HTTP 503, 4 restarts"
     json.dumps(entry)
+
+
+def test_interval_dropin_resets_the_timers_once_then_sets_both(tmp_path: Path) -> None:
+    """systemd: an empty OnActiveSec=/OnUnitInactiveSec= resets EVERY timer of
+    the unit, so a second reset would drop the first setting (the timer then
+    never fires: seen under systemd 252)."""
+    from infer_units.generator.build import load_all, render_checked
+    from unitfile import parse_unit
+    conf = tmp_path / "conf"
+    conf.mkdir()
+    (conf / "m.toml").write_text('engine = "vllm"\nmodel = "/m"\ngpus = [0]\nport = 8000\n'
+                                 '[liveness]\ninterval = "5s"\n')
+    [model] = load_all(dirs=[str(conf)]).models
+    [_unit, dropin] = render_checked(model)
+    assert dropin.name == "infer-units-liveness@m.timer.d/50-liveness.conf"
+    timer = [(k, v) for k, v in parse_unit(dropin.text)["Timer"] if k.startswith("On")]
+    assert timer == [("OnActiveSec", ""), ("OnActiveSec", "5s"), ("OnUnitInactiveSec", "5s")]

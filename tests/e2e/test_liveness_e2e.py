@@ -86,7 +86,10 @@ def test_hang_after_ready_is_restarted_and_healthy_again(box) -> None:
     box.sh("systemctl daemon-reload")
     start(box, name)
     assert wait_until(lambda: timer_state(box, name) == "active", 5)
-    assert wait_until(lambda: state(box, name).get("last_probe", {}).get("ok") is True, 10)
+    assert wait_until(lambda: state(box, name).get("last_probe", {}).get("ok") is True, 10), \
+        box.sh(f"systemctl status --no-pager infer-units-liveness@{name}.timer "
+               f"infer-units-liveness@{name}.service; journalctl -b --no-pager "
+               f"-u infer-units-liveness@{name}.service | tail -20", check=False).stdout
     # The timer and its schedule survive a daemon-reload.
     box.sh("systemctl daemon-reload")
     assert timer_state(box, name) == "active"

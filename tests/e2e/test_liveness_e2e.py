@@ -70,7 +70,10 @@ def _hang_and_come_back(box, name: str, port: int, how: str, restarts_before: in
     hang(box, name, how)
     assert wait_until(lambda: unit(box, name)["InvocationID"] != before["InvocationID"]
                 and unit(box, name)["ActiveState"] == "active", restart_bound(0.5) + 10), \
-        (unit(box, name), state(box, name), box.journal(name + ".service")[-3000:])
+        "\n".join([str(unit(box, name)), json.dumps(state(box, name)),
+                   box.journal(name + ".service")[-2000:],
+                   box.sh(f"journalctl -b --no-pager -u infer-units-liveness@{name}.service "
+                          f"-u infer-units-liveness@{name}.timer | tail -15", check=False).stdout])
     took = time.monotonic() - started
     assert healthy(box, port)
     after = unit(box, name)

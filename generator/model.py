@@ -56,6 +56,7 @@ class Model:
     service_directives: dict[str, list[str]]
     install_directives: dict[str, list[str]]
     liveness: Liveness | None       # [liveness]; None: off (interval = "0")
+    health_accept: tuple[str, ...]  # [health] accept: checks whose errors do not refuse
 
     def __init__(self, **fields: Any) -> None:
         missing = set(self.__annotations__) - set(fields)
@@ -189,6 +190,7 @@ def build_model(merged: MergedConfig) -> Model:
         service_directives=values["service"],
         install_directives=values["install"],
         liveness=build_liveness(values, merged, _probe_timeout(values, spec)),
+        health_accept=tuple(values["health.accept"]),
     )
 
 

@@ -188,6 +188,8 @@ def _exec_start_pre(m: Model) -> list[str]:
                  "--term-grace", format_seconds(m.reap_term_grace),
                  "--timeout", format_seconds(m.reap_timeout)]
         argv += _ignore_args(m)
+        if m.health_accept:
+            argv += ["--accept-health", ",".join(m.health_accept)]
     if "port" in m.ports:
         argv += ["--host", m.host, "--port", str(m.port)]
     if m.is_worker:

@@ -17,8 +17,15 @@ if TYPE_CHECKING:
 
 ENGINES = ("sglang", "vllm", "trtllm", "tgi", "llamacpp", "command")
 
+# The GPU and host health checks pre-start applies (helpers/health.py; README
+# "GPU health"): the names `[health] accept` takes.
+HEALTH_CHECKS = ("remapped-rows", "retired-pages", "xid", "ecc", "persistence", "fabric", "mig",
+                 "hmm", "cc", "iommu", "acs", "nvidia-uvm")
+
 # Processes every reaper must leave alone; [reap] ignore adds to these.
 BUILTIN_IGNORE = ("nvidia-persistenced", "nv-hostengine", "dcgm-exporter")
+# [reap] foreign; also the choices of the hooks' and the CLI's --foreign.
+REAP_FOREIGN = ("kill", "wait", "fail")
 
 # Plain character sets, not regular expressions: `re` is not imported on the
 # generator's path.
@@ -362,6 +369,20 @@ def check_directives(value: Any) -> dict[str, list[str]]:
     return out
 
 
+def check_health_accept(value: Any) -> list[str]:
+    """[health] accept: names of health checks whose errors do not refuse a start."""
+    if not isinstance(value, list):
+        raise ValueError("expected a list of check names")
+    out: list[str] = []
+    for item in value:
+        if item not in HEALTH_CHECKS:
+            raise ValueError(f"{show(item)} is not a health check (known: "
+                             + ", ".join(HEALTH_CHECKS) + ")")
+        if item not in out:
+            out.append(item)
+    return out
+
+
 def check_choice(choices: tuple[str, ...]) -> Callable[[Any], str]:
     def check(value: Any) -> str:
         if value not in choices:
@@ -402,7 +423,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("env", check_env_table, {}, "Extra environment, verbatim, applied last."),
     Setting("nccl.p2p", check_choice(("on", "off", "auto")), "on",
             'on: NCCL decides; off: NCCL_P2P_DISABLE=1; auto: copy-and-compare self-test at start.'),
-    Setting("reap.foreign", check_choice(("kill", "wait", "fail")), "kill",
+    Setting("reap.foreign", check_choice(REAP_FOREIGN), "kill",
             "What to do with processes of no infer-units service on this model's GPUs."),
     Setting("reap.term-grace", check_duration, 10.0, "Time between SIGTERM and SIGKILL."),
     Setting("reap.timeout", check_duration, 60.0,
@@ -434,6 +455,9 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("service", check_directives, {}, "Raw [Service] directives (they win over ours)."),
     Setting("install", check_directives, {},
             "[Install]: WantedBy=/RequiredBy= become .wants/.requires links."),
+    Setting("health.accept", check_health_accept, [],
+            "Health checks whose errors do not refuse a start (logged as warnings), e.g. "
+            '["xid"] after a GPU reset; names as `infer-units doctor` prints them.'),
     Setting("liveness.interval", check_duration, 30.0,
             "Time between health probes once the unit is active; \"0\" turns liveness off."),
     Setting("liveness.failures", check_positive_int, 4,
@@ -449,8 +473,16 @@ SETTINGS: tuple[Setting, ...] = (
 )
 
 BY_KEY: dict[str, Setting] = {s.key: s for s in SETTINGS}
+
+
+def default(key: str) -> Any:
+    """The default of a dotted key ("reap.term-grace"): the hooks' and the CLI's
+    options take theirs from here, so each default is declared once."""
+    return BY_KEY[key].default
+
+
 # Tables whose own keys are fixed (others are free-form: env, unit, service, install).
-FIXED_TABLES = ("reap", "ready", "stop", "nodes", "liveness")
+FIXED_TABLES = ("reap", "ready", "stop", "nodes", "liveness", "health")
 
 
 def reference_markdown() -> str:

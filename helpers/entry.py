@@ -9,24 +9,12 @@ from __future__ import annotations
 import os
 import sys
 
-
-# The commands generated units run (hooks.py COMMANDS), with a line each for
-# the click tree: one list, so a new hook is hidden from --help, the man page
-# and the README's table, and reaches argparse without click, by adding it here.
-HOOKS = {
-    "pre-start": "ExecStartPre: reap, wait for GPUs and port, P2P self-test.",
-    "wait-ready": "ExecStartPost: wait for health; fail at once if the server dies.",
-    "wait-free": "ExecStopPost: wait until the GPUs are free; report what holds them.",
-    "liveness-probe": "infer-units-liveness@<name>.service: probe health; restart the model "
-                      "after [liveness] failures.",
-    "group-watch": "infer-units-group@<name>.service: restart a rank of a multi-node model "
-                   "whose group lost a rank.",
-}
+from .commands import HOOKS
 
 
 def _run() -> None:
     argv = sys.argv[1:]
-    if argv and argv[0] in HOOKS:
+    if argv and argv[0] in HOOKS:        # the unit hooks: argparse, no click
         from .hooks.unit import run
         sys.exit(run(argv))
     from .cli.root import main as cli_main

@@ -374,7 +374,7 @@ def test_probe_reads_its_model_by_name(health: Health, tmp_path: Path) -> None:
     assert state["url"] == health.url and state["failures"] == 1 and state["timeout"] == 1.0
     assert state["last_probe"]["ok"] and health.requests == 1
     done = run_cli("liveness-probe", "--model", "nosuch", env=env)
-    assert done.returncode == 1 and "no model file named nosuch.toml" in done.stdout
+    assert done.returncode == 1 and "no model file named nosuch.toml" in done.stdout + done.stderr
 
 
 def test_x_and_x_liveness_are_two_models_with_their_own_liveness(

@@ -45,10 +45,10 @@ def test_toml_page_has_every_key_with_its_default(pages: dict[str, str]) -> None
 
 
 def test_cli_page_has_every_command_option_and_hook(pages: dict[str, str]) -> None:
-    from infer_units.helpers.cli.root import main
-    from infer_units.helpers.entry import HOOKS
+    from infer_units.helpers.cli.root import all_commands
+    from infer_units.helpers.commands import HOOKS
     page = pages["infer-units.1"]
-    for name, command in main.commands.items():
+    for name, command in all_commands().items():
         if command.hidden:
             continue
         assert re.search(rf"^\.B {re.escape(roff(name))}\b", page, re.M), name

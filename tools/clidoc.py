@@ -1,7 +1,7 @@
 """The command reference, read from the click command tree: the README's
 command table (`python3 tools/clidoc.py`) and the man page
 infer-units(1) (tools/make-man) are generated from it, so neither can miss a
-command or an option.  Hidden commands (the unit hooks, entry.HOOKS) are left
+command or an option.  Hidden commands (the unit hooks, helpers/commands.py HOOKS) are left
 out: operators never type them."""
 
 from __future__ import annotations
@@ -61,11 +61,12 @@ def _needs_ctx(opt: click.Option) -> bool:
 
 
 def commands() -> list[CommandDoc]:
-    from infer_units.helpers.cli.root import main
+    from infer_units.helpers.cli.root import all_commands, main
     root = click.Context(main, info_name="infer-units")
     docs = []
-    for name in sorted(main.commands):
-        command = main.commands[name]
+    found = all_commands()
+    for name in sorted(found):
+        command = found[name]
         if command.hidden:
             continue
         ctx = click.Context(command, info_name=name, parent=root)

@@ -133,7 +133,8 @@ def run(name: str, poll_s: float = POLL_S, systemd: Any = None,
         looks: int | None = None) -> int:
     from ...generator.loader import discover, load_model, search_path
     from ...generator.model import build_model
-    from .liveness import WARNING, Systemd
+    from ..facts.systemd import Liveness as Systemd
+    from .liveness import WARNING
     dirs = search_path()
     path = discover(dirs)[0].get(name)
     if path is None:

@@ -8,7 +8,8 @@ State (consecutive failures, last answers, liveness restarts) lives in
 written atomically; `infer-units status` reads it.  A probe that answers 2xx
 costs no D-Bus call: systemd is asked only when a probe fails.
 
-Like the other unit hooks this never imports click (helpers/entry.py).
+Its options are parsed with the other unit hooks' (hooks/unit.py); systemd
+is asked through facts/systemd.py (Liveness).
 """
 
 from __future__ import annotations
@@ -16,15 +17,18 @@ from __future__ import annotations
 import json
 import os
 import socket
+import sys
 import time
 
+from ...generator.durations import format_seconds
 from ...generator.liveness import STATE_DIR, cap_marker
+from ...generator.log import JOURNAL_SOCKET, journal_send, say
+from ..facts.systemd import ModelState
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 
-JOURNAL_SOCKET = "/run/systemd/journal/socket"
 # syslog priorities
 ERR, WARNING, NOTICE, INFO = 3, 4, 5, 6
 
@@ -169,26 +173,6 @@ class Config:
         self.restart_window = restart_window
 
 
-class ModelState:
-    """What systemd says about the model when a probe failed."""
-    __slots__ = ("active_state", "sub_state", "invocation", "job")
-
-    def __init__(self, active_state: str, sub_state: str, invocation: str, job: str) -> None:
-        self.active_state = active_state
-        self.sub_state = sub_state
-        self.invocation = invocation
-        self.job = job          # "" or the type of the job pending on it ("stop", ...)
-
-    @property
-    def serving(self) -> bool:
-        """Active, its server running, nothing queued: loading, stopping and
-        restarting are never probed against."""
-        return self.active_state == "active" and self.sub_state == "running" and not self.job
-
-    def describe(self) -> str:
-        return f"{self.active_state}/{self.sub_state}" + (f", {self.job} job" if self.job else "")
-
-
 OK, SKIP, COUNT, RESTART, CAP = "ok", "skip", "count", "restart", "cap"
 
 
@@ -242,10 +226,7 @@ def record_cap(state: dict[str, Any], now: float, why: str) -> None:
 
 
 def _span(seconds: float) -> str:
-    for unit, size in (("d", 86400), ("h", 3600), ("min", 60)):
-        if seconds >= size and seconds % size == 0:
-            return f"{seconds / size:g}{unit}"
-    return f"{seconds:g}s"
+    return format_seconds(seconds, "large")
 
 
 def why_line(state: dict[str, Any], cfg: Config) -> str:
@@ -255,58 +236,11 @@ def why_line(state: dict[str, Any], cfg: Config) -> str:
             f"{answers}) at {cfg.url}")
 
 
-# ------------------------------------------------------------------ systemd
-
-class Systemd:
-    """The model's state and the two jobs liveness queues, over D-Bus (pystemd)."""
-
-    def model_state(self, unit: str) -> ModelState | None:
-        try:
-            from pystemd.systemd1 import Unit
-            u = Unit(unit.encode())
-            u.load()
-            job = u.Unit.Job    # (id, object path); id 0: none
-            job_type = ""
-            if job and int(job[0]):
-                from pystemd.base import SDObject
-                j = SDObject(destination=b"org.freedesktop.systemd1", path=job[1])
-                j.load()
-                job_type = _text(j.Job.JobType) or "some"
-            return ModelState(_text(u.Unit.ActiveState), _text(u.Unit.SubState),
-                              bytes(u.Unit.InvocationID).hex(), job_type)
-        except Exception as e:  # ImportError, pystemd's DBusError subclasses, OSError
-            _say(NOTICE, f"cannot ask systemd about {unit}: {e}")
-            return None
-
-    def _queue(self, method: str, unit: str) -> str | None:
-        """None when queued, else why not.  Mode "fail": never replaces a job
-        an operator queued (a pending stop stays a stop)."""
-        try:
-            from pystemd.systemd1 import Manager
-            manager = Manager()
-            manager.load()
-            getattr(manager.Manager, method)(unit.encode(), b"fail")
-            return None
-        except Exception as e:
-            return str(e) or type(e).__name__
-
-    def try_restart(self, unit: str) -> str | None:
-        # try-restart: a unit that is not running (stopped meanwhile) stays so.
-        return self._queue("TryRestartUnit", unit)
-
-    def stop(self, unit: str) -> str | None:
-        return self._queue("StopUnit", unit)
-
-
-def _text(value: Any) -> str:
-    return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
-
-
 # ------------------------------------------------------------------ logging
 
 def _say(priority: int, message: str) -> None:
     """stdout of the probe service: the journal reads the <N> priority prefix."""
-    print(f"<{priority}>{message}", flush=True)
+    say(priority, message, ident="", stream=sys.stdout)
 
 
 def journal_line(message: str, priority: int, unit: str,
@@ -314,18 +248,12 @@ def journal_line(message: str, priority: int, unit: str,
     """One journal entry that `journalctl -u <model>` shows (OBJECT_SYSTEMD_UNIT=,
     trusted from root) as well as `-u <name>-liveness`; stdout if no journal."""
     path = path or os.environ.get("INFER_UNITS_JOURNAL_SOCKET") or JOURNAL_SOCKET
-    message = message.replace("\n", " ")
-    fields = {"MESSAGE": message, "PRIORITY": str(priority),
-              "SYSLOG_IDENTIFIER": "infer-units-liveness", "OBJECT_SYSTEMD_UNIT": unit,
-              "INFER_UNITS_UNIT": unit}
-    data = "".join(f"{k}={v}\n" for k, v in fields.items()).encode("utf-8", "replace")
-    try:
-        with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as s:
-            s.sendto(data, path)
+    if journal_send({"MESSAGE": message, "PRIORITY": str(priority),
+                     "SYSLOG_IDENTIFIER": "infer-units-liveness", "OBJECT_SYSTEMD_UNIT": unit,
+                     "INFER_UNITS_UNIT": unit}, path):
         return True
-    except OSError:
-        _say(priority, message)
-        return False
+    _say(priority, message)
+    return False
 
 
 # ------------------------------------------------------------------ one run
@@ -417,58 +345,6 @@ def config_of_model(name: str) -> tuple[Config, dict[str, str]]:
            if k.startswith("INFER_UNITS_") and k != "INFER_UNITS_FAKE_GPUS"}
     return Config(model.unit_name, url, live.interval, live.failures, live.timeout,
                   live.max_restarts, live.restart_window), env
-
-
-def main(argv: list[str]) -> int:
-    import argparse
-
-    from ...generator.durations import parse_duration
-
-    def duration(text: str) -> float:
-        try:
-            return parse_duration(text)
-        except ValueError as e:
-            raise argparse.ArgumentTypeError(str(e)) from None
-
-    p = argparse.ArgumentParser(
-        prog="infer-units liveness-probe",
-        description="One liveness probe of an active model (run by "
-                    "infer-units-liveness@<name>.timer); restarts it through systemd after "
-                    "FAILURES failed probes in a row.  --model reads every setting from the "
-                    "model's file; the others give them by hand.")
-    p.add_argument("--model", help="the model's name: its [liveness] and health URL")
-    p.add_argument("--unit")
-    p.add_argument("--url")
-    p.add_argument("--interval", type=duration, default=30.0, help="for the log only")
-    p.add_argument("--failures", type=int, default=4)
-    p.add_argument("--timeout", type=duration, default=10.0)
-    p.add_argument("--max-restarts", type=int, default=3)
-    p.add_argument("--restart-window", type=duration, default=21600.0)
-    p.add_argument("--state-dir", default=None)
-    try:
-        a = p.parse_args(argv)
-        if a.model is None and (a.unit is None or a.url is None):
-            p.error("give --model NAME, or --unit and --url")
-    except SystemExit as e:
-        return 1 if e.code else 0      # usage errors are 1 here (exitcodes)
-    if a.model is not None:
-        try:
-            cfg, env = config_of_model(a.model)
-        except ValueError as e:
-            _say(ERR, f"{a.model}.service: cannot probe: {e}")
-            return 1
-        # The hooks' own settings (metrics and state directories) of the model.
-        os.environ.update(env)
-    else:
-        unit = a.unit if a.unit.endswith(".service") else a.unit + ".service"
-        cfg = Config(unit, a.url, a.interval, max(1, a.failures), a.timeout,
-                     max(0, a.max_restarts), a.restart_window)
-    try:
-        run_probe(cfg, Systemd(), a.state_dir)
-    except OSError as e:
-        _say(ERR, f"{cfg.unit}: liveness state not written: {e}")
-        return 1
-    return 0
 
 
 # ------------------------------------------------------------------ status

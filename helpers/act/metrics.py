@@ -101,6 +101,70 @@ _METRICS = (
 )
 
 
+# GPU health findings (health.py), per GPU: what pre-start and `doctor
+# --write-metrics` last saw.  Not a unit's file: its name does not end in .json.
+GPU_HEALTH_FILE = "gpu-health.state"
+
+
+def record_gpu_health(report: Any) -> None:
+    """Merge these GPUs' findings into the GPU health state (other GPUs keep
+    theirs) and rewrite the textfile.  Never fails the caller."""
+    from ..decide.health import SEVERITY
+    try:
+        path = os.path.join(STATE_DIR, GPU_HEALTH_FILE)
+        state = load_gpu_health()
+        for f in report.findings:
+            key = f.uuid or "host"
+            entry = state.setdefault(key, {"gpu": f.gpu, "checks": {}})
+            entry["checks"][f.check] = SEVERITY[f.level]
+        os.makedirs(STATE_DIR, exist_ok=True)
+        tmp = path + ".tmp"
+        with open(tmp, "w", encoding="utf-8") as out:
+            json.dump(state, out)
+        os.replace(tmp, path)
+        write_textfile()
+    except (OSError, ValueError) as e:
+        print(f"infer-units: metrics not written: {e}", file=sys.stderr, flush=True)
+
+
+def load_gpu_health() -> dict[str, Any]:
+    """uuid (or "host") -> {"gpu": index, "checks": {check: -1|0|1|2}}; {} when
+    missing or damaged."""
+    try:
+        with open(os.path.join(STATE_DIR, GPU_HEALTH_FILE), encoding="utf-8") as f:
+            state = json.load(f)
+    except (OSError, ValueError, RecursionError):
+        return {}
+    out: dict[str, Any] = {}
+    if not isinstance(state, dict):
+        return out
+    for key, entry in state.items():
+        if (isinstance(key, str) and isinstance(entry, dict)
+                and isinstance(entry.get("checks"), dict)
+                and (entry.get("gpu") is None or isinstance(entry.get("gpu"), int))):
+            checks = {c: v for c, v in entry["checks"].items()
+                      if isinstance(c, str) and v in (-1, 0, 1, 2) and not isinstance(v, bool)}
+            out[key] = {"gpu": entry.get("gpu"), "checks": checks}
+    return out
+
+
+def _label(value: str) -> str:
+    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+def _gpu_health_lines() -> list[str]:
+    lines = ["# HELP infer_units_gpu_health Health check of a GPU (or the host: gpu=\"\"): "
+             "0 ok, 1 warning, 2 error (refuses a start), -1 unknown (not readable here).",
+             "# TYPE infer_units_gpu_health gauge"]
+    for key, entry in sorted(load_gpu_health().items()):
+        gpu = "" if entry["gpu"] is None else str(entry["gpu"])
+        uuid = "" if key == "host" else key
+        for check, value in sorted(entry["checks"].items()):
+            lines.append(f'infer_units_gpu_health{{gpu="{gpu}",uuid="{_label(uuid)}",'
+                         f'check="{_label(check)}"}} {value}')
+    return lines
+
+
 def render_textfile() -> str:
     try:
         names = sorted(n for n in os.listdir(STATE_DIR) if n.endswith(".json"))
@@ -114,6 +178,7 @@ def render_textfile() -> str:
         for unit, state in states:
             if isinstance(state.get(key), (int, float)):
                 lines.append(f'infer_units_{key}{{unit="{unit}"}} {float(state[key]):g}')
+    lines += _gpu_health_lines()
     return "\n".join(lines) + "\n"
 
 

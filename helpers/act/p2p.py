@@ -90,7 +90,9 @@ def check_p2p(gpus: list[Gpu], env_file: str | None, python: str,
         _apply(verdict, env_file, off_args, off_env or {})
         return verdict
     else:
-        bad = [p for p in report.get("pairs", []) if isinstance(p, dict) and not p.get("ok")]
+        pairs = report.get("pairs")
+        bad = [p for p in (pairs if isinstance(pairs, list) else [])
+               if isinstance(p, dict) and not p.get("ok")]
         # The self-test numbers devices as CUDA sees them: positions in `gpus`.
         detail = "; ".join(
             f"GPU {gpus[p['src']].index}->{gpus[p['dst']].index}: "

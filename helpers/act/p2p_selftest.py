@@ -33,7 +33,7 @@ def main() -> int:
     reference = torch.randint(-(2 ** 31), 2 ** 31 - 1, (elements,), dtype=torch.int32,
                               generator=generator)
     for src, dst in itertools.permutations(range(count), 2):
-        entry = {"src": src, "dst": dst,
+        entry: dict[str, object] = {"src": src, "dst": dst,
                  "can_access_peer": bool(torch.cuda.can_device_access_peer(src, dst))}
         try:
             on_src = reference.to(f"cuda:{src}")

@@ -78,10 +78,10 @@ class PidSet:
             if tick is not None:
                 if now >= next_tick:
                     for pid in tick(self.alive()) or ():
-                        fd = self.fds.get(pid)
-                        if fd is not None and fd in by_fd:
-                            poller.unregister(fd)
-                            del by_fd[fd]
+                        stopped = self.fds.get(pid)
+                        if stopped is not None and stopped in by_fd:
+                            poller.unregister(stopped)
+                            del by_fd[stopped]
                             self._forget(pid)
                     next_tick = now + tick_s
                     if not by_fd:

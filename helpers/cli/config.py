@@ -20,18 +20,12 @@ from typing import Any
 
 import click
 
-from .. import exitcodes
-from .root import complete_model_names, main
+from .options import complete_model_names, die
 
 OVERRIDE = "override.toml"
 # Like systemctl edit: what is above the first marker is the drop-in; the rest is for reference.
 MARKER = "### Lines from here on are ignored: the model as it is now, for reference"
 _BARE = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_-")
-
-
-def _fail(message: str) -> None:
-    click.echo(f"infer-units: {message}", err=True)
-    sys.exit(exitcodes.CONFIG_ERROR)
 
 
 # ---------------------------------------------------------------- TOML out
@@ -95,7 +89,7 @@ def _find(name: str, dirs: list[str]) -> str:
     forget_cache()
     found, _ = discover(dirs)
     if name not in found:
-        _fail(f"no model file named {name}.toml on the search path ({':'.join(dirs)})")
+        die(f"no model file named {name}.toml on the search path ({':'.join(dirs)})")
     return found[name]
 
 
@@ -107,10 +101,10 @@ def _load(name: str, dirs: list[str]) -> Any:
     try:
         return load_model(name.removesuffix(".service"), path, dirs)
     except ConfigError as e:
-        _fail(str(e))
+        die(str(e))
 
 
-@main.command("cat")
+@click.command("cat")
 @click.argument("name", shell_complete=complete_model_names)
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable: every key with its value and file.")
 def cat_command(name: str, as_json: bool) -> None:
@@ -136,7 +130,7 @@ def cat_command(name: str, as_json: bool) -> None:
     try:
         build_model(merged)
     except ConfigError as e:
-        _fail(f"error: {e}")
+        die(f"error: {e}")
 
 
 # ---------------------------------------------------------------- edit
@@ -160,7 +154,7 @@ def _editor() -> list[str]:
     for candidate in ("editor", "nano", "vim", "vi"):
         if shutil.which(candidate):
             return [candidate]
-    _fail("no editor: set $EDITOR")
+    die("no editor: set $EDITOR")
     return []
 
 
@@ -196,12 +190,13 @@ def _reload() -> None:
     if not os.path.isdir("/run/systemd/system"):
         click.echo("infer-units: systemd is not running here: no daemon-reload", err=True)
         return
-    done = subprocess.run(["systemctl", "daemon-reload"], capture_output=True, text=True)
-    if done.returncode != 0:
-        _fail(f"systemctl daemon-reload failed: {done.stderr.strip()}")
+    from ..facts.systemd import daemon_reload
+    why_not = daemon_reload()
+    if why_not is not None:
+        die(f"systemctl daemon-reload failed: {why_not}")
 
 
-@main.command("edit")
+@click.command("edit")
 @click.argument("name", shell_complete=complete_model_names)
 @click.option("--no-reload", is_flag=True, help="Do not run systemctl daemon-reload afterwards.")
 def edit_command(name: str, no_reload: bool) -> None:
@@ -229,7 +224,7 @@ def edit_command(name: str, no_reload: bool) -> None:
             f.write(f"\n{MARKER}\n{reference}")
         status = subprocess.call([*_editor(), temp])
         if status != 0:
-            _fail(f"editor exited with status {status}: nothing changed")
+            die(f"editor exited with status {status}: nothing changed")
         with open(temp, encoding="utf-8") as f:
             content = f.read().split(f"\n{MARKER}\n", 1)[0].split(MARKER, 1)[0]
     finally:
@@ -247,7 +242,7 @@ def edit_command(name: str, no_reload: bool) -> None:
         if errors:
             for error in errors:
                 click.echo(f"error: {error}", err=True)
-            _fail(f"{target} not written: the model would not load")
+            die(f"{target} not written: the model would not load")
         os.makedirs(os.path.dirname(target), exist_ok=True)
         fd, staged = tempfile.mkstemp(prefix=".#override-", dir=os.path.dirname(target))
         with os.fdopen(fd, "w", encoding="utf-8") as f:

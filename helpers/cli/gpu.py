@@ -1,6 +1,5 @@
 """The operator commands of `infer-units` that touch GPUs, ports and systemd:
-holders, reap, wait-port, p2p-check, status, drain, resume; and the unit hooks
-(entry.HOOKS: pre-start, wait-ready, wait-free) registered hidden, run by hooks.py."""
+holders, reap, wait-port, p2p-check, status, drain, resume."""
 
 from __future__ import annotations
 
@@ -10,47 +9,29 @@ import sys
 
 import click
 
-from .. import argtypes, exitcodes
-from .root import DURATION, complete_model_names, echo_json, main
-from ..hooks.unit import gpus_or_exit, unit_name
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from ..facts.gpus import Backend, Gpu
+
+from ...generator import settings
+from .. import exitcodes
+from ..argtypes import unit_name
+from .options import DURATION, PORT, UNIT, complete_model_names, die, echo_json
 from .table import format_table
 
 
-def _fail(message: str, code: int = exitcodes.CONFIG_ERROR) -> None:
-    click.echo(f"infer-units: {message}", err=True)
-    sys.exit(code)
-
-
-class _Checked(click.ParamType):
-    """A click type from an argtypes check (ASCII digits, ranges)."""
-
-    def __init__(self, check) -> None:  # type: ignore[no-untyped-def]
-        self.check = check
-        self.name = check.__name__
-
-    def convert(self, value, param, ctx):  # type: ignore[no-untyped-def]
-        try:
-            return self.check(str(value))
-        except ValueError as e:
-            self.fail(str(e), param, ctx)
-
-
-PORT = _Checked(argtypes.port)
-UNIT = _Checked(argtypes.unit)
-
-
-def _gpus(selector: str | None):  # type: ignore[no-untyped-def]
+def _gpus(selector: str | None) -> tuple[Backend, list[Gpu]]:
     """None (option not given): every GPU.  Any given text goes through the
     strict selector: "" or "," is a usage error, never "all"."""
+    from ..facts.gpumemory import chosen
     from ..facts.gpus import GpuError, backend
-    if selector is not None:
-        return gpus_or_exit(selector)
     try:
+        if selector is not None:
+            return chosen(selector)
         b = backend()
         return b, b.gpus()
     except GpuError as e:
-        _fail(str(e))
-        raise AssertionError("unreachable")
+        die(str(e))
 
 
 def _check_env_file(path: str | None) -> None:
@@ -61,12 +42,18 @@ def _check_env_file(path: str | None) -> None:
     try:
         read_env_file(path)
     except EnvFileError as e:
-        _fail(str(e))
+        die(str(e))
+
+
+def _span(key: str) -> str:
+    """A settings default as --help shows it ("10s")."""
+    from ...generator.durations import format_seconds
+    return format_seconds(settings.default(key))
 
 
 # --------------------------------------------------------------------- holders
 
-@main.command()
+@click.command()
 @click.option("--gpus", "selector", default=None, metavar="SEL",
               help='GPUs to look at: "0,1", "GPU-…", PCI ids or "all".  [default: all]')
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
@@ -110,14 +97,17 @@ def holders(selector: str | None, as_json: bool) -> None:
 
 # --------------------------------------------------------------------- reap
 
-@main.command()
+@click.command()
 @click.option("--gpus", "selector", required=True, metavar="SEL", help='"0,1", "GPU-…", PCI ids, or "all".')
 @click.option("--unit", type=UNIT, default=None,
               help="The service doing the reaping (its cgroup is its own).")
-@click.option("--foreign", type=click.Choice(["kill", "wait", "fail"]), default="kill",
+@click.option("--foreign", type=click.Choice(settings.REAP_FOREIGN),
+              default=settings.default("reap.foreign"),
               help="Processes of no infer-units service: kill them, wait for them, or exit 2.")
-@click.option("--term-grace", type=DURATION, default="10s", help="Time from SIGTERM to SIGKILL.")
-@click.option("--timeout", type=DURATION, default="60s", help="Overall limit after the grace.")
+@click.option("--term-grace", type=DURATION, default=_span("reap.term-grace"),
+              help="Time from SIGTERM to SIGKILL.")
+@click.option("--timeout", type=DURATION, default=_span("reap.timeout"),
+              help="Overall limit after the grace.")
 @click.option("--ignore", multiple=True, metavar="NAME",
               help="Process name never touched, beyond the built-ins (repeatable).")
 @click.option("--env-file", default=None, metavar="PATH",
@@ -133,13 +123,13 @@ def reap(selector: str, unit: str | None, foreign: str, term_grace: float, timeo
                         timeout=timeout, ignore=ignore, dry_run=dry_run)
     _check_env_file(env_file)
     b, gpus = _gpus(selector)
-    result = Reaper(b, gpus, unit_name(unit), policy).run()
+    result = Reaper(b, gpus, (unit_name(unit) if unit else None), policy).run()
     if env_file and not dry_run and result.exit_code == exitcodes.CLEAN:
         from ..act.envfile import EnvFileError, write_visible_devices
         try:
             write_visible_devices(env_file, gpus)
         except EnvFileError as e:
-            _fail(str(e))
+            die(str(e))
     if as_json:
         click.echo(json.dumps(result.as_json(), indent=2))
     else:
@@ -148,13 +138,13 @@ def reap(selector: str, unit: str | None, foreign: str, term_grace: float, timeo
                    f"{result.message} after {result.seconds * 1000:.0f} ms"
                    + (f", {sent} signal(s) sent" if sent else ""), err=True)
     if not dry_run:
-        record_reap(unit_name(unit), result)
+        record_reap((unit_name(unit) if unit else None), result)
     sys.exit(result.exit_code)
 
 
 # --------------------------------------------------------------------- wait-port
 
-@main.command("wait-port")
+@click.command("wait-port")
 @click.option("--port", type=PORT, required=True, help="TCP port the server will listen on.")
 @click.option("--host", default="127.0.0.1", metavar="ADDR", help="Address the server will bind.")
 @click.option("--timeout", type=DURATION, default="60s", help="How long to wait; then exit 3.")
@@ -166,32 +156,9 @@ def wait_port(port: int, host: str, timeout: float) -> None:
         sys.exit(exitcodes.TIMED_OUT)
 
 
-# --------------------------------------------------------------------- unit hooks
-
-def _hook_command(name: str, summary: str) -> None:
-    """Hidden from --help (operators never type them; `infer-units NAME
-    --help` still works); helpers/entry.py runs them without click (they are
-    on every start's path): this is for callers of `main` itself."""
-    @main.command(name, help=summary, add_help_option=False, hidden=True,
-                  context_settings={"ignore_unknown_options": True, "allow_extra_args": True})
-    @click.pass_context
-    def command(ctx: click.Context) -> None:
-        from ..hooks.unit import run
-        sys.exit(run([name, *ctx.args]))
-
-
-def _register_hooks() -> None:
-    from ..entry import HOOKS
-    for name, summary in HOOKS.items():
-        _hook_command(name, summary)
-
-
-_register_hooks()
-
-
 # --------------------------------------------------------------------- p2p-check
 
-@main.command("p2p-check")
+@click.command("p2p-check")
 @click.option("--gpus", "selector", required=True, metavar="SEL",
               help='GPUs to test pairwise: "0,1", "GPU-…", PCI ids or "all".')
 @click.option("--env-file", default=None, metavar="PATH",
@@ -211,8 +178,7 @@ def p2p_check(selector: str, env_file: str | None, python: str, timeout: float) 
     try:
         verdict = check_p2p(gpus, env_file, python, seconds)
     except EnvFileError as e:
-        _fail(str(e))
-        return
+        die(str(e))
     if env_file:
         # /run/infer-units/<name>.env belongs to <name>.service
         record_p2p(unit_name(os.path.basename(env_file).removesuffix(".env")), verdict)
@@ -220,7 +186,7 @@ def p2p_check(selector: str, env_file: str | None, python: str, timeout: float) 
 
 # --------------------------------------------------------------------- status
 
-@main.command()
+@click.command()
 @click.argument("names", nargs=-1, shell_complete=complete_model_names)
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def status(names: tuple[str, ...], as_json: bool) -> None:
@@ -240,7 +206,7 @@ def status(names: tuple[str, ...], as_json: bool) -> None:
 
 # --------------------------------------------------------------------- drain
 
-@main.command()
+@click.command()
 @click.option("--timeout", type=DURATION, default="60s",
               help="How long the services may take to stop, and the holders to go after the grace.")
 @click.option("--term-grace", type=DURATION, default="10s", help="Time from SIGTERM to SIGKILL.")
@@ -262,7 +228,7 @@ def drain(timeout: float, term_grace: float, ignore: tuple[str, ...], dry_run: b
     sys.exit(code)
 
 
-@main.command()
+@click.command()
 @click.option("--timeout", type=DURATION, default="20min",
               help="How long to wait for the units to become active; then exit 3.")
 @click.option("--no-block", is_flag=True, help="Queue the starts; do not wait for them.")

@@ -11,6 +11,7 @@ from ...generator.model import Model
 from ...generator.render import health_url
 from ..decide.attribution import attribute
 from ..facts.gpus import GpuError, backend, select
+from ..decide.health import check_gpus, worst
 from ..act.liveness import cell as liveness_cell, view as liveness_view
 from ..act.metrics import load_state
 from ..act.ready import probe
@@ -29,6 +30,7 @@ def _gpu_view(model: Model) -> dict[str, Any]:
         gpus = select(b.gpus(), selector)
         seen = attribute(b, gpus, own_unit=model.unit_name)
         used = b.memory(gpus)
+        health = check_gpus(b, gpus)
     except GpuError as e:
         return {"available": False, "error": str(e), "gpus": [], "processes": []}
     return {
@@ -39,7 +41,11 @@ def _gpu_view(model: Model) -> dict[str, Any]:
         # driver's own reservation), v1's where v2 is not there
         "gpus": [{"index": g.index, "uuid": g.uuid,
                   "memory_used_mib": used.get(g.index, (g.memory_used_mib,))[0],
-                  "memory_total_mib": g.memory_total_mib} for g in gpus],
+                  "memory_total_mib": g.memory_total_mib,
+                  # doctor's checks of this GPU: its worst level and what is not ok
+                  "health": {"level": worst(health.of_gpu(g.index)),
+                             "findings": [f.as_json() for f in health.of_gpu(g.index)
+                                          if f.level != "ok"]}} for g in gpus],
         "processes": [{"pid": h.info.pid, "kind": h.kind, "unit": h.info.unit,
                        "gpus": sorted(h.use.gpus),
                        "memory_mib": sum(h.use.memory_mib.values()) or None,
@@ -104,12 +110,17 @@ def _nodes_view(model: Model, entry: dict[str, Any]) -> dict[str, Any]:
 def collect(names: list[str]) -> dict[str, Any]:
     """"unknown": names given that no model file has (the CLI exits 1)."""
     loaded = load_all(names)
-    known = {m.name for m in loaded.models} | {_file_name(str(e.path)) for e in loaded.errors}
-    unknown = sorted({n.removesuffix(".service") for n in names} - known)
+    unknown = unknown_names(names, loaded)
     return {"schema": SCHEMA_VERSION,
             "models": [model_status(m) for m in loaded.models],
             "errors": [str(e) for e in loaded.errors + loaded.conflicts],
             "unknown": unknown}
+
+
+def unknown_names(names: list[str], loaded: Any) -> list[str]:
+    """Names given that no model file has (status and doctor exit 1)."""
+    known = {m.name for m in loaded.models} | {_file_name(str(e.path)) for e in loaded.errors}
+    return sorted({n.removesuffix(".service") for n in names} - known)
 
 
 def _file_name(path: str) -> str:
@@ -119,12 +130,8 @@ def _file_name(path: str) -> str:
 
 
 def _age(seconds: float | None) -> str:
-    if seconds is None:
-        return "-"
-    for unit, size in (("d", 86400), ("h", 3600), ("min", 60)):
-        if seconds >= size:
-            return f"{seconds / size:.1f}{unit}"
-    return f"{seconds:.0f}s"
+    from ...generator.durations import format_seconds
+    return "-" if seconds is None else format_seconds(seconds, "about")
 
 
 def table(report: dict[str, Any]) -> str:
@@ -154,6 +161,11 @@ def table(report: dict[str, Any]) -> str:
                              ", ".join(f"pid {p['pid']} ({p['kind']})" for p in foreign))
             for index, mib in gpu.get("unaccounted_mib", {}).items():
                 notes.append(f"{m['name']}: GPU {index}: {mib} MiB used by no visible process")
+            for g in gpu["gpus"]:
+                for f in g.get("health", {}).get("findings", []):
+                    if f["level"] in ("warning", "error"):
+                        notes.append(f"{m['name']}: GPU {g['index']} {f['check']} {f['level']}: "
+                                     f"{f['fact']}")
             if gpu.get("unseen"):
                 from ..facts.gpus import unseen_message
                 notes.append(f"{m['name']}: {unseen_message(gpu['unseen'])}")

@@ -58,3 +58,14 @@ def unaccounted(backend: Backend, gpus: list[Gpu], uses: dict[int, GpuUse]) -> d
 def describe(extra: dict[int, int]) -> list[str]:
     return [f"GPU {index}: {mib} MiB used by no visible process (a process in another "
             "PID namespace or container?)" for index, mib in sorted(extra.items())]
+
+
+def chosen(selector: str) -> tuple[Backend, list[Gpu]]:
+    """The backend and the GPUs a --gpus selector names, for the hooks and the
+    CLI alike; GpuError (a usage error) for a bad selector or a bad
+    INFER_UNITS_GPU_BASELINE_MIB, before any work."""
+    from .gpus import backend, select
+    b = backend()
+    gpus = select(b.gpus(), selector)
+    baseline_mib(-1)
+    return b, gpus

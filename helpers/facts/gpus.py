@@ -17,8 +17,13 @@ import os
 import stat
 import sys
 from ..records import dataclass, field
+from typing import Any
 
 from ...generator.settings import is_pci, normalize_pci
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from .health import GpuFacts
 
 NVIDIA_PROC = "/proc/driver/nvidia/gpus"
 
@@ -69,6 +74,16 @@ class Backend:
     def device_files(self) -> list[str]:
         """Every device node whose holders keep the driver busy (for drain)."""
         raise NotImplementedError
+
+    def health_facts(self, gpu: Gpu) -> "GpuFacts":
+        """The GPU's health facts (healthfacts.py); unknown where not read."""
+        from .health import HEALTHY, GpuFacts
+        why = f"the {self.name} backend reads no health (no NVML)"
+        return GpuFacts({k: None for k in HEALTHY}, {k: why for k in HEALTHY})
+
+    def driver_facts(self) -> dict[str, object]:
+        """Driver version and the CUDA version it supports (None: unknown)."""
+        return {"version": None, "cuda": None, "why": f"the {self.name} backend has no NVML"}
 
 
 # ------------------------------------------------------------------ fd scanning
@@ -183,6 +198,10 @@ class FakeBackend(Backend):
                             reports it (reservation excluded)
       "process_memory_mib"  what each holder of `device` uses on it (default 0)
       "reserved_mib"        the driver's reservation (default 0)
+      "health"              DESIGN.md's health object (absent: healthy; a key
+                            set to null: not supported, so unknown)
+      "driver"              {"version": "580.159.04", "cuda": 13000} (default:
+                            unknown), what nvmlSystemGetCudaDriverVersion_v2 says
     The table is re-read when its file changes, so a test can change
     memory_used_mib while a command runs (write a new file and rename it)."""
 
@@ -202,7 +221,14 @@ class FakeBackend(Backend):
                 return
             with open(path, encoding="utf-8") as f:
                 table = json.load(f)
-            gpus, extra = [], {}
+            from .health import parse_fake_health
+            gpus, extra, health = [], {}, {}
+            driver = table.get("driver")
+            if driver is not None and (not isinstance(driver, dict) or set(driver) - {"version", "cuda"}
+                                       or not isinstance(driver.get("version", ""), str)):
+                raise ValueError('driver: expected {"version": "...", "cuda": 12080}')
+            if driver is not None and "cuda" in driver:
+                _whole(driver["cuda"])
             for g in table["gpus"]:
                 gpu = Gpu(index=_whole(g["index"]), uuid=str(g["uuid"]),
                           pci=normalize_pci(str(g["pci"])), device=str(g["device"]),
@@ -211,11 +237,16 @@ class FakeBackend(Backend):
                 gpus.append(gpu)
                 extra[gpu.index] = (_whole(g.get("process_memory_mib", 0)),
                                     _whole(g.get("reserved_mib", 0)))
+                try:
+                    health[gpu.index] = parse_fake_health(g.get("health"))
+                except ValueError as e:
+                    raise ValueError(f"GPU {gpu.index}: {e}") from None
             if len({g.index for g in gpus}) != len(gpus):
                 raise ValueError("two GPUs with one index")
         except Exception as e:   # any shape of bad file is one line, not a traceback
             raise GpuError(f"INFER_UNITS_FAKE_GPUS={path}: {type(e).__name__}: {e}") from None
         self._gpus, self._extra, self._stamp = gpus, extra, stamp
+        self._health, self._driver = health, driver or {}
 
     def gpus(self) -> list[Gpu]:
         self._load()
@@ -235,12 +266,22 @@ class FakeBackend(Backend):
     def memory(self, gpus: list[Gpu]) -> dict[int, tuple[int, int]]:
         self._load()
         now = {g.index: g for g in self._gpus}
-        return {g.index: (now[g.index].memory_used_mib, self._extra[g.index][1])
-                for g in gpus
-                if g.index in now and now[g.index].memory_used_mib is not None}
+        used = {g.index: now[g.index].memory_used_mib for g in gpus if g.index in now}
+        return {i: (mib, self._extra[i][1]) for i, mib in used.items() if mib is not None}
 
     def device_files(self) -> list[str]:
         return [g.device for g in self._gpus]
+
+    def health_facts(self, gpu: Gpu) -> "GpuFacts":
+        from .health import fake_facts
+        self._load()
+        return fake_facts(self._health[gpu.index])
+
+    def driver_facts(self) -> dict[str, object]:
+        self._load()
+        cuda = self._driver.get("cuda")
+        return {"version": self._driver.get("version"), "cuda": cuda,
+                "why": "" if cuda is not None else "the fake table has no driver.cuda"}
 
 
 def _whole(value: object) -> int:
@@ -258,7 +299,7 @@ def _optional(value: object) -> int | None:
 
 # ------------------------------------------------------------------ NVML backend
 
-def _load_pynvml():  # type: ignore[no-untyped-def]
+def _load_pynvml() -> Any:
     try:
         import pynvml  # Debian-less hosts: pip's nvidia-ml-py
         return pynvml
@@ -279,7 +320,7 @@ class NvmlBackend(Backend):
     name = "nvml"
     cheap_users = True
 
-    def __init__(self, nvml) -> None:  # type: ignore[no-untyped-def]
+    def __init__(self, nvml: Any) -> None:
         self.nvml = nvml
         nvml.nvmlInit()
         self._handles = [nvml.nvmlDeviceGetHandleByIndex(i)
@@ -351,6 +392,15 @@ class NvmlBackend(Backend):
 
     def device_files(self) -> list[str]:
         return _nvidia_device_files()
+
+    def health_facts(self, gpu: Gpu) -> "GpuFacts":
+        from .health import nvml_facts
+        return nvml_facts(self.nvml, self._handles[gpu.index])
+
+    def driver_facts(self) -> dict[str, object]:
+        from .health import nvml_cuda_driver, nvml_driver_version
+        cuda, why = nvml_cuda_driver(self.nvml)
+        return {"version": nvml_driver_version(self.nvml), "cuda": cuda, "why": why}
 
 
 # ------------------------------------------------------------------ /proc backend
@@ -509,3 +559,4 @@ def select(gpus: list[Gpu], selector: str, strict: bool = True) -> list[Gpu]:
             if g not in chosen:
                 chosen.append(g)
     return chosen
+

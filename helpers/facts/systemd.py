@@ -182,3 +182,74 @@ def main_exit_status(invocation_id: str | None, pid: int | None, wait_s: float =
         if time.monotonic() >= deadline:
             return None
         time.sleep(0.05)
+
+
+class ModelState:
+    """What systemd says about the model when a probe failed."""
+    __slots__ = ("active_state", "sub_state", "invocation", "job")
+
+    def __init__(self, active_state: str, sub_state: str, invocation: str, job: str) -> None:
+        self.active_state = active_state
+        self.sub_state = sub_state
+        self.invocation = invocation
+        self.job = job          # "" or the type of the job pending on it ("stop", ...)
+
+    @property
+    def serving(self) -> bool:
+        """Active, its server running, nothing queued: loading, stopping and
+        restarting are never probed against."""
+        return self.active_state == "active" and self.sub_state == "running" and not self.job
+
+    def describe(self) -> str:
+        return f"{self.active_state}/{self.sub_state}" + (f", {self.job} job" if self.job else "")
+
+
+
+class Liveness:
+    """The model's state and the two jobs the liveness probe queues.  Never
+    raises: a probe that cannot ask systemd skips (None) or says why not."""
+
+    def model_state(self, unit: str) -> ModelState | None:
+        try:
+            u = _unit(unit)
+            job = u.Unit.Job    # (id, object path); id 0: none
+            job_type = ""
+            if job and int(job[0]):
+                from pystemd.base import SDObject
+                j = SDObject(destination=b"org.freedesktop.systemd1", path=job[1])
+                j.load()
+                job_type = _s(j.Job.JobType) or "some"
+            return ModelState(_s(u.Unit.ActiveState), _s(u.Unit.SubState),
+                              bytes(u.Unit.InvocationID).hex(), job_type)
+        except Exception as e:  # SystemdUnavailable, pystemd's DBusError subclasses, OSError
+            from ...generator.log import say
+            say(5, f"cannot ask systemd about {unit}: {e}", ident="")
+            return None
+
+    def _queue(self, method: str, unit: str) -> str | None:
+        """None when queued, else why not.  Mode "fail": never replaces a job
+        an operator queued (a pending stop stays a stop)."""
+        try:
+            getattr(_manager().Manager, method)(unit.encode(), b"fail")
+            return None
+        except Exception as e:
+            return str(e) or type(e).__name__
+
+    def try_restart(self, unit: str) -> str | None:
+        # try-restart: a unit that is not running (stopped meanwhile) stays so.
+        return self._queue("TryRestartUnit", unit)
+
+    def stop(self, unit: str) -> str | None:
+        return self._queue("StopUnit", unit)
+
+
+def daemon_reload() -> str | None:
+    """systemctl daemon-reload over D-Bus, waiting until it is done (the
+    Reload call returns when the generators have run); why not, or None."""
+    try:
+        _manager().Manager.Reload()
+        return None
+    except SystemdUnavailable as e:
+        return str(e)
+    except Exception as e:
+        return f"Reload failed: {e}"

@@ -1,9 +1,12 @@
-"""The three commands generated units run: pre-start, wait-ready, wait-free.
+"""The commands generated units run: pre-start, wait-ready, wait-free,
+liveness-probe (helpers/commands.py HOOKS lists them).
 
-They run on every start and stop, so they are parsed with argparse and never
-import click (which alone costs a third of a hook's start-up); `infer-units
-pre-start ...` reaches them through helpers/entry.py.  What they do lives in
-reaper.py, ports.py, p2p.py and ready.py, shared with the operator commands.
+They run on every start and stop, so they are parsed here, once, with
+argparse, and never import click (which alone costs a third of a hook's
+start-up); `infer-units pre-start ...` reaches them through helpers/entry.py.
+What they do lives in facts/, decide/ and act/, shared with the operator
+commands.  Their options take choices and defaults from generator/settings.py,
+as the model files do.
 """
 
 from __future__ import annotations
@@ -14,17 +17,29 @@ import signal
 import sys
 import time
 
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any, Callable, NoReturn
+
+    from ..decide.claims import GpuClaims
+    from ..facts.gpus import Backend, Gpu
+
+from ...generator import settings
+from ...generator.log import say
 from .. import argtypes, exitcodes
+from ..argtypes import unit_name
 from ..facts.ports import wait_port_reporting
 
-
-def _say(message: str) -> None:
-    print(f"infer-units: {message}", file=sys.stderr, flush=True)
+ERR, WARNING, NOTICE, INFO = 3, 4, 5, 6     # syslog priorities: journalctl -p
 
 
-def _checked(check):  # type: ignore[no-untyped-def]
+def _say(message: str, priority: int = INFO) -> None:
+    say(priority, message)
+
+
+def _checked(check: Callable[[str], Any]) -> Callable[[str], Any]:
     """An argparse type from an argtypes check: its reason, one line, exit 1."""
-    def convert(text: str):  # type: ignore[no-untyped-def]
+    def convert(text: str) -> Any:
         try:
             return check(text)
         except ValueError as e:
@@ -36,6 +51,7 @@ def _checked(check):  # type: ignore[no-untyped-def]
 _duration = _checked(argtypes.duration)
 _port = _checked(argtypes.port)
 _unit = _checked(argtypes.unit)
+_count = _checked(argtypes.count)
 
 
 def _formatter(prog: str) -> argparse.HelpFormatter:
@@ -49,28 +65,19 @@ class _Parser(argparse.ArgumentParser):
         kwargs.setdefault("formatter_class", _formatter)
         super().__init__(*args, **kwargs)
 
-    def error(self, message: str) -> None:  # usage errors are exit 1 here, not argparse's 2
-        _say(f"{self.prog}: {message} (see --help)")     # one line: it lands in the journal
+    def error(self, message: str) -> NoReturn:  # usage errors are exit 1 here, not argparse's 2
+        _say(f"{self.prog}: {message} (see --help)", ERR)   # one line: it lands in the journal
         sys.exit(exitcodes.CONFIG_ERROR)
 
 
-def gpus_or_exit(selector: str):  # type: ignore[no-untyped-def]
-    from ..facts.gpumemory import baseline_mib
-    from ..facts.gpus import GpuError, backend, select
+def _gpus_or_exit(selector: str) -> tuple[Backend, list[Gpu]]:
+    from ..facts.gpumemory import chosen
+    from ..facts.gpus import GpuError
     try:
-        b = backend()
-        chosen = select(b.gpus(), selector)
-        baseline_mib(-1)           # a bad INFER_UNITS_GPU_BASELINE_MIB is a usage error now
-        return b, chosen
+        return chosen(selector)
     except GpuError as e:
-        _say(str(e))
+        _say(str(e), ERR)
         sys.exit(exitcodes.CONFIG_ERROR)
-
-
-def unit_name(name: str | None) -> str | None:
-    if name and not name.endswith((".service", ".scope")):
-        return name + ".service"
-    return name
 
 
 # ------------------------------------------------------------------ pre-start
@@ -89,10 +96,10 @@ def _refuse_without_restart(unit: str | None) -> None:
     # at once after the cancel.
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     _say(f"start of {unit} refused; no automatic restart (systemctl start it again "
-         "once the GPUs are free)")
+         "once the GPUs are free)", ERR)
     why_not = cancel_own_start(unit)
     if why_not is not None:
-        _say(f"could not cancel the start of {unit} ({why_not}): Restart= may retry it")
+        _say(f"could not cancel the start of {unit} ({why_not}): Restart= may retry it", WARNING)
 
 
 def pre_start(argv: list[str]) -> int:
@@ -101,12 +108,13 @@ def pre_start(argv: list[str]) -> int:
                             "they and the port are free, run the P2P self-test.")
     p.add_argument("--unit", required=True, type=_unit)
     p.add_argument("--gpus", help='GPUs to clean: "0,1", UUIDs, PCI ids or "all"')
-    p.add_argument("--foreign", choices=("kill", "wait", "fail"), default="kill")
-    p.add_argument("--term-grace", type=_duration, default=10.0)
-    p.add_argument("--timeout", type=_duration, default=60.0)
+    p.add_argument("--foreign", choices=settings.REAP_FOREIGN,
+                   default=settings.default("reap.foreign"))
+    p.add_argument("--term-grace", type=_duration, default=settings.default("reap.term-grace"))
+    p.add_argument("--timeout", type=_duration, default=settings.default("reap.timeout"))
     p.add_argument("--ignore", action="append", default=[])
     p.add_argument("--port", type=_port)
-    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--host", default=settings.default("host"))
     p.add_argument("--env-file", help="where resolved CUDA_VISIBLE_DEVICES / P2P results go")
     p.add_argument("--resolve-pci", action="store_true",
                    help="write CUDA_VISIBLE_DEVICES (UUIDs) for PCI selectors")
@@ -123,12 +131,16 @@ def pre_start(argv: list[str]) -> int:
     p.add_argument("--p2p-off-env", action="append", default=[], metavar="NAME=VALUE",
                    help="environment that P2P off needs beyond NCCL_P2P_DISABLE=1 "
                         "(e.g. VLLM_ALLREDUCE_USE_FLASHINFER=0), written to the env file")
+    p.add_argument("--accept-health", type=_checked(argtypes.health_checks), default=(),
+                   metavar="CHECK,...", help="[health] accept: health checks whose errors do "
+                                             "not refuse the start")
+    p.add_argument("--root-dir", help=argparse.SUPPRESS)   # tests: a fake /proc, /sys, /dev
     a = p.parse_args(argv)
     unit = unit_name(a.unit)
     from ..decide.fence import refusal
     fenced = refusal(unit)
     if fenced:            # `infer-units drain`: nothing starts until `resume`
-        _say(fenced)
+        _say(fenced, ERR)
         _refuse_without_restart(unit)
         return exitcodes.BLOCKED
     started = time.monotonic()
@@ -138,20 +150,23 @@ def pre_start(argv: list[str]) -> int:
         try:
             read_env_file(a.env_file)     # unusable: say so before touching anything
         except EnvFileError as e:
-            _say(str(e))
+            _say(str(e), ERR)
             return exitcodes.CONFIG_ERROR
     if a.gpus is not None:       # --gpus "" is a usage error, not "nothing to do"
         from ..decide.claims import ClaimError, GpuClaims
-        b, gpus = gpus_or_exit(a.gpus)
+        b, gpus = _gpus_or_exit(a.gpus)
+        if not _healthy_enough(b, gpus, unit, a.accept_health, a.root_dir):
+            _refuse_without_restart(unit)
+            return exitcodes.BLOCKED
         claims = GpuClaims(gpus, unit)
         try:
             conflicts = claims.acquire()
         except ClaimError as e:
-            _say(f"cannot claim GPU {','.join(str(g.index) for g in gpus)}: {e}")
+            _say(f"cannot claim GPU {','.join(str(g.index) for g in gpus)}: {e}", ERR)
             return exitcodes.TIMED_OUT if e.timed_out else exitcodes.CONFIG_ERROR
         if conflicts:
             for line in conflicts:
-                _say(f"blocked: {line}")
+                _say(f"blocked: {line}", ERR)
             _refuse_without_restart(unit)
             return exitcodes.BLOCKED
     code = _start_checks(a, unit, claims)
@@ -163,7 +178,29 @@ def pre_start(argv: list[str]) -> int:
     return exitcodes.CLEAN
 
 
-def _start_checks(a: argparse.Namespace, unit: str, claims) -> int:  # type: ignore[no-untyped-def]
+def _healthy_enough(b: Backend, gpus: list[Gpu], unit: str, accept: tuple[str, ...],
+                    root: str | None) -> bool:
+    """The health checks of the model's GPUs (health.py): an error-level
+    finding refuses the start (journal: err), unless `[health] accept` names
+    its check; warnings and accepted errors go to the journal as warnings."""
+    from ..act.metrics import record_gpu_health
+    from ..decide.health import check_gpus, gate, line
+    report = check_gpus(b, gpus, root)
+    record_gpu_health(report)
+    refusing, logged = gate(report, accept)
+    for f in logged:
+        _say(line(f, accepted=f.check in accept), WARNING)
+    for f in refusing:
+        _say(f"refused: {line(f)}", ERR)
+    if refusing:
+        checks = list(dict.fromkeys(f.check for f in refusing))
+        quoted = ", ".join(f'"{c}"' for c in checks)
+        _say(f"start of {unit} refused: GPU health ({', '.join(checks)}); `infer-units doctor` "
+             f"shows every check; to start anyway: [health] accept = [{quoted}]", ERR)
+    return not refusing
+
+
+def _start_checks(a: argparse.Namespace, unit: str, claims: GpuClaims | None) -> int:
     """Reap, env file, port, P2P: pre-start after the GPUs are claimed."""
     gpus = claims.gpus if claims is not None else []
     if claims is not None:
@@ -175,7 +212,8 @@ def _start_checks(a: argparse.Namespace, unit: str, claims) -> int:  # type: ign
                                                           tuple(a.ignore))).run()
         record_reap(unit, result)
         gpu_list = ",".join(str(g.index) for g in gpus)
-        _say(f"reap GPU {gpu_list}: {result.message} after {result.seconds * 1000:.0f} ms")
+        _say(f"reap GPU {gpu_list}: {result.message} after {result.seconds * 1000:.0f} ms",
+             INFO if result.exit_code == exitcodes.CLEAN else ERR)
         if result.exit_code == exitcodes.BLOCKED:
             _refuse_without_restart(unit)
         if result.exit_code != exitcodes.CLEAN:
@@ -184,7 +222,7 @@ def _start_checks(a: argparse.Namespace, unit: str, claims) -> int:  # type: ign
             try:
                 write_visible_devices(a.env_file, gpus)
             except EnvFileError as e:
-                _say(str(e))
+                _say(str(e), ERR)
                 return exitcodes.CONFIG_ERROR
     if a.port and not wait_port_reporting(a.host, a.port, a.timeout, _say):
         return exitcodes.TIMED_OUT
@@ -197,7 +235,7 @@ def _start_checks(a: argparse.Namespace, unit: str, claims) -> int:  # type: ign
                                        off_env=dict(v.partition("=")[::2]
                                                     for v in a.p2p_off_env)))
         except EnvFileError as e:
-            _say(str(e))
+            _say(str(e), ERR)
             return exitcodes.CONFIG_ERROR
     if a.wait_rendezvous:
         from ..act.rendezvous import wait_rendezvous
@@ -213,8 +251,8 @@ def wait_ready(argv: list[str]) -> int:
                             "the server (PID) dies.")
     p.add_argument("--url", required=True, type=_checked(argtypes.http_url))
     p.add_argument("--pid", type=_checked(argtypes.pid))
-    p.add_argument("--timeout", type=_duration, default=1200.0)
-    p.add_argument("--interval", type=_duration, default=1.0)
+    p.add_argument("--timeout", type=_duration, default=settings.default("ready.timeout"))
+    p.add_argument("--interval", type=_duration, default=settings.default("ready.interval"))
     p.add_argument("--probe-timeout", type=_duration, default=10.0,
                    help="how long one health request may take (SGLang's /health generates "
                         "a token before it answers)")
@@ -226,9 +264,9 @@ def wait_ready(argv: list[str]) -> int:
     if result.server_exited:
         from ..facts.systemd import main_exit_status
         status = main_exit_status(os.environ.get("INVOCATION_ID"), a.pid)
-        _say(result.reason + (f"; exit status {status}" if status else ""))
+        _say(result.reason + (f"; exit status {status}" if status else ""), ERR)
         return status if status and 0 < status < 256 else exitcodes.CONFIG_ERROR
-    _say(result.reason)
+    _say(result.reason, ERR)
     return exitcodes.TIMED_OUT
 
 
@@ -248,8 +286,8 @@ def wait_free(argv: list[str]) -> int:
     a = p.parse_args(argv)
     from ..act.metrics import record_free
     from ..act.reaper import Reaper, ReapPolicy
-    unit = unit_name(a.unit)
-    b, gpus = gpus_or_exit(a.gpus)
+    unit = unit_name(a.unit) if a.unit else None
+    b, gpus = _gpus_or_exit(a.gpus)
     policy = ReapPolicy("report", 0.0, a.timeout, tuple(a.ignore), services="report")
     result = Reaper(b, gpus, unit, policy).run()
     record_free(unit, result)
@@ -266,13 +304,51 @@ def wait_free(argv: list[str]) -> int:
              f"{result.seconds * 1000:.0f} ms{where}; {others} other user(s) left, "
              "not waited on (the next start handles them per [reap] foreign)")
     else:   # the reaper has logged each holder left, with why
-        _say(f"GPU not free{where}: {result.message}")
+        _say(f"GPU not free{where}: {result.message}", ERR)
     return result.exit_code
 
 
 def liveness_probe(argv: list[str]) -> int:
-    from ..act.liveness import main as liveness_main      # run by infer-units-liveness@<name>.service
-    return liveness_main(argv)
+    p = _Parser(prog="infer-units liveness-probe",
+                description="One liveness probe of an active model (run by "
+                            "infer-units-liveness@<name>.timer); restarts it through systemd "
+                            "after FAILURES failed probes in a row.  --model reads every "
+                            "setting from the model's file; the others give them by hand.")
+    p.add_argument("--model", help="the model's name: its [liveness] and health URL")
+    p.add_argument("--unit", type=_unit)
+    p.add_argument("--url")
+    p.add_argument("--interval", type=_duration, default=settings.default("liveness.interval"),
+                   help="for the log only")
+    p.add_argument("--failures", type=_count, default=settings.default("liveness.failures"))
+    p.add_argument("--timeout", type=_duration, default=10.0)
+    p.add_argument("--max-restarts", type=_count,
+                   default=settings.default("liveness.max-restarts"))
+    p.add_argument("--restart-window", type=_duration,
+                   default=settings.default("liveness.restart-window"))
+    p.add_argument("--state-dir", default=None)
+    a = p.parse_args(argv)
+    from ..act.liveness import Config, config_of_model, run_probe
+    from ..facts.systemd import Liveness
+    if a.model is not None:
+        try:
+            cfg, env = config_of_model(a.model)
+        except ValueError as e:
+            _say(f"{a.model}.service: cannot probe: {e}", ERR)
+            return exitcodes.CONFIG_ERROR
+        os.environ.update(env)      # the hooks' own settings (metrics, state) of the model
+        unit = cfg.unit
+    elif a.unit is None or a.url is None:
+        p.error("give --model NAME, or --unit and --url")
+    else:
+        unit = unit_name(a.unit)
+        cfg = Config(unit, a.url, a.interval, max(1, a.failures), a.timeout,
+                     max(0, a.max_restarts), a.restart_window)
+    try:
+        run_probe(cfg, Liveness(), a.state_dir)
+    except OSError as e:
+        _say(f"{unit}: liveness state not written: {e}", ERR)
+        return exitcodes.CONFIG_ERROR
+    return exitcodes.CLEAN
 
 
 def group_watch(argv: list[str]) -> int:
@@ -280,9 +356,11 @@ def group_watch(argv: list[str]) -> int:
     return watch_main(argv)
 
 
-COMMANDS = {"pre-start": pre_start, "wait-ready": wait_ready, "wait-free": wait_free,
-            "liveness-probe": liveness_probe, "group-watch": group_watch}
+COMMANDS: dict[str, Callable[[list[str]], int]] = {
+    "pre-start": pre_start, "wait-ready": wait_ready, "wait-free": wait_free,
+    "liveness-probe": liveness_probe, "group-watch": group_watch}
 
 
 def run(argv: list[str]) -> int:
+    """argv[0] is one of helpers/commands.py HOOKS (a test checks both list the same)."""
     return COMMANDS[argv[0]](argv[1:])

@@ -154,7 +154,9 @@ def test_kill_9_of_a_worker_recovers_the_group(group: Group) -> None:
     print(f"kill -9 of a worker -> group healthy again in {took:.1f}s "
           f"(fake load {LOAD_S:g}s; default liveness 30s x 4)")
     assert took < GOAL_S, f"healed in {took:.1f}s, goal {GOAL_S:g}s"
-    assert state(group, victim)["ActiveState"] == "active"
+    now = state(group, victim)
+    assert now["ActiveState"] == "active" and now["SubState"] == "running", now
+    assert group[victim].sh(f"kill -0 {now['MainPID']}", check=False).returncode == 0, now
     assert engines_on(group, victim) >= 1, "the killed worker's engine did not come back"
     assert "left the group" in group[HEAD].journal("big.service")
 

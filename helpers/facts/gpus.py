@@ -17,7 +17,9 @@ import os
 import stat
 import sys
 from ..records import dataclass, field
-from typing import Any
+TYPE_CHECKING = False     # typing costs a hook's start-up; annotations are strings here
+if TYPE_CHECKING:
+    from typing import Any
 
 from ...generator.settings import is_pci, normalize_pci
 

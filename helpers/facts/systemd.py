@@ -7,7 +7,9 @@ from __future__ import annotations
 import os
 import time
 from ..records import dataclass
-from typing import Any
+TYPE_CHECKING = False     # typing costs a hook's start-up; annotations are strings here
+if TYPE_CHECKING:
+    from typing import Any
 
 
 class SystemdUnavailable(Exception):

@@ -5,7 +5,8 @@
 
 Runs, alternating in one process so both see the same machine load:
   bare       python3 -I -c pass
-  generator  python3 -I <generator> OUT   (INFER_UNITS_CONFIG_PATH = 64 files, 2 dirs, drop-ins)
+  generator  python3 <the launcher's #! flags, -IS> <generator> OUT
+             (INFER_UNITS_CONFIG_PATH = 64 files, 2 dirs, drop-ins, host defaults, liveness on)
 and prints the medians and their ratio (DESIGN's goal: <= 2).  If a C fstab generator
 is installed it is timed too, as a reference.
 """
@@ -75,9 +76,12 @@ def main() -> int:
         out = os.path.join(work, "out")
         env = dict(os.environ, INFER_UNITS_CONFIG_PATH=":".join(dirs),
                    SYSTEMD_LOG_TARGET="console")
+        # As the .deb's launcher starts it (its #! flags), from this checkout.
+        with open(os.path.join(ROOT, "packaging/infer-units-generator"), encoding="utf-8") as f:
+            flags = f.readline().split()[1:]
         launcher = (f"import sys; sys.path.insert(0, {ROOT!r}); "
                     "from infer_units.generator.main import main; sys.exit(main())")
-        gen = [args.python, "-I", "-c", launcher, out]
+        gen = [args.python, *flags, "-c", launcher, out]
         bare = [args.python, "-I", "-c", "pass"]
         fstab = "/usr/lib/systemd/system-generators/systemd-fstab-generator"
         runs: dict[str, list[float]] = {"bare": [], "generator": []}
@@ -100,7 +104,8 @@ def main() -> int:
         logged = subprocess.run(gen, env=env, check=True, capture_output=True, text=True).stderr
         assert not logged, f"the generator logged errors on the benchmark's files:\n{logged}"
         med = {k: statistics.median(v) * 1000 for k, v in runs.items()}
-        print(f"python: {args.python} ({sys.version.split()[0]} here), {args.runs} runs, 64 model files")
+        print(f"python: {args.python} ({sys.version.split()[0]} here), {args.runs} runs, 64 model files; "
+              f"generator as its launcher starts it: {args.python} {' '.join(flags)}")
         for k, v in med.items():
             print(f"  {k:12s} median {v:7.2f} ms   (min {min(runs[k]) * 1000:.2f}, max {max(runs[k]) * 1000:.2f})")
         ratio = med["generator"] / med["bare"]

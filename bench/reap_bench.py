@@ -13,7 +13,15 @@ GiB each), else the fake backend (holders hold fake device files).
    was back to its level before the holders.  Printed: the reaper's return
    after the last of those events (goal <= 10 ms), next to the anchors of the
    scripts it replaces (a fixed `sleep 2`; polling /proc at 100 ms).
-2. Decision cost.  attribute() (whom to reap) against `fuser` on the device
+2. End to end, as an operator or a hook runs it: `infer-units reap --gpus 0
+   --term-grace 0s` as a process (interpreter and imports included) against
+   TERM-ignoring holders, next to its two floors measured in the same run:
+   the teardown (SIGKILL of the same holders straight from here until the
+   last is gone, and with NVML its memory back) and a bare `python3 -I -c
+   pass`.  Goal (issue 21): wall <= teardown + floor + 30 ms, and 20x faster
+   than SGLang's killall.py (--killall-s: its wall on the same holders,
+   measured on the GPU machine; not runnable without SGLang).
+3. Decision cost.  attribute() (whom to reap) against `fuser` on the device
    files, each timed with 0 and with --idle extra idle processes, so the
    growth with the process count shows side by side.
 """
@@ -48,7 +56,7 @@ reaper_module._log = lambda message: None
 FAKE_HOLDER = r"""
 import os, signal, sys
 f = open(sys.argv[1], "rb")
-signal.signal(signal.SIGTERM, lambda *a: os._exit(0))
+signal.signal(signal.SIGTERM, (lambda *a: os._exit(0)) if len(sys.argv) < 3 else signal.SIG_IGN)
 print("ready", flush=True)
 signal.pause()
 """
@@ -57,7 +65,7 @@ CUDA_HOLDER = r"""
 import os, signal, sys, torch
 x = torch.empty(int(float(sys.argv[1]) * (1 << 30)), dtype=torch.uint8, device="cuda")
 x.fill_(1); torch.cuda.synchronize()
-signal.signal(signal.SIGTERM, lambda *a: os._exit(0))
+signal.signal(signal.SIGTERM, (lambda *a: os._exit(0)) if len(sys.argv) < 3 else signal.SIG_IGN)
 print("ready", flush=True)
 signal.pause()
 """
@@ -74,14 +82,16 @@ def setup_fake(tmp: Path) -> None:
     os.environ["INFER_UNITS_FAKE_GPUS"] = str(tmp / "gpus.json")
 
 
-def start_holders(b, count: int, gib: float) -> list[subprocess.Popen]:  # type: ignore[no-untyped-def]
+def start_holders(b, count: int, gib: float,  # type: ignore[no-untyped-def]
+                  ignore_term: bool = False) -> list[subprocess.Popen]:
     procs = []
+    stubborn = ["ignore-term"] if ignore_term else []
     for _ in range(count):
         if isinstance(b, NvmlBackend):
-            argv = [sys.executable, "-c", CUDA_HOLDER, str(gib)]
+            argv = [sys.executable, "-c", CUDA_HOLDER, str(gib), *stubborn]
             env = dict(os.environ, CUDA_VISIBLE_DEVICES=b.gpus()[0].uuid)
         else:
-            argv = [sys.executable, "-c", FAKE_HOLDER, b.gpus()[0].device]
+            argv = [sys.executable, "-c", FAKE_HOLDER, b.gpus()[0].device, *stubborn]
             env = dict(os.environ)
         p = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True, env=env)
         procs.append(p)
@@ -156,6 +166,41 @@ def latency(b, trials: int, holders: int, gib: float) -> list[dict[str, float]]:
     return rows
 
 
+def _timed_run(argv: list[str]) -> float:
+    t = time.monotonic()
+    subprocess.run(argv, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    return time.monotonic() - t
+
+
+def end_to_end(b, trials: int, holders: int, gib: float) -> dict[str, list[float]]:  # type: ignore[no-untyped-def]
+    """Wall of the CLI's reap, the teardown of the same holders, the bare interpreter."""
+    nvml = isinstance(b, NvmlBackend)
+    launcher = (f"import sys; sys.path.insert(0, {str(ROOT)!r}); sys.argv[0] = 'infer-units'; "
+                "from infer_units.helpers.entry import main; main()")
+    cli = [sys.executable, "-I", "-c", launcher, "reap", "--gpus", "0", "--term-grace", "0s",
+           "--timeout", "60s"]
+    out: dict[str, list[float]] = {"wall": [], "teardown": [], "floor": []}
+    for _ in range(trials):
+        out["floor"].append(_timed_run([sys.executable, "-I", "-c", "pass"]))
+        baseline = b.memory_used_mib(0) if nvml else None
+        procs = start_holders(b, holders, gib, ignore_term=True)
+        watcher = Watcher(b, procs, baseline)
+        watcher.start()
+        t0 = time.monotonic()
+        for p in procs:
+            p.kill()
+        watcher.join(60)
+        last = max(t for t in (watcher.gone_at, watcher.memory_back_at) if t is not None)
+        out["teardown"].append(last - t0)
+        for p in procs:
+            p.wait()
+        procs = start_holders(b, holders, gib, ignore_term=True)
+        out["wall"].append(_timed_run(cli))
+        for p in procs:
+            assert p.wait(10) is not None
+    return out
+
+
 def spawn_idle(count: int) -> subprocess.Popen:
     """One helper that forks `count` idle children (each holds nothing)."""
     code = ("import os, signal, sys\nn = int(sys.argv[1])\n"
@@ -191,6 +236,9 @@ def main() -> int:
     p.add_argument("--holders", type=int, default=2)
     p.add_argument("--gib", type=float, default=20.0, help="GPU memory per holder (NVML)")
     p.add_argument("--idle", type=int, default=10000)
+    p.add_argument("--killall-s", type=float, default=5.35,
+                   help="SGLang killall.py's wall on the same holders (default: one H200, "
+                        "2026-12-01, 5.33-5.37 s); it needs SGLang and cannot run here")
     args = p.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         try:
@@ -220,7 +268,23 @@ def main() -> int:
         print(f"   whole reap (TERM to return): median {statistics.median(r['total_ms'] for r in rows):.1f} ms")
         print(f"   anchors: `sleep 2` script 2000 ms -> {2000 / max(statistics.median(ret), 0.01):.0f}x slower; "
               f"/proc poll every 100 ms ~50 ms average -> {50 / max(statistics.median(ret), 0.01):.0f}x")
-        print(f"\n2. deciding whom to reap vs `fuser {' '.join(b.device_files()[:3])}...`")
+        e2e = end_to_end(b, args.trials, args.holders, args.gib)
+        med = {k: statistics.median(v) * 1000 for k, v in e2e.items()}
+        goal = med["teardown"] + med["floor"] + 30
+        print(f"\n2. end to end: `infer-units reap --gpus 0 --term-grace 0s` as a process, "
+              f"{args.trials} trials, {args.holders} TERM-ignoring holder(s)")
+        for k, what in (("wall", "reap's wall (process start to exit)"),
+                        ("teardown", "teardown (SIGKILL to the last gone"
+                         + (" and its memory back)" if isinstance(b, NvmlBackend) else ")")),
+                        ("floor", "bare interpreter (python3 -I -c pass)")):
+            v = e2e[k]
+            print(f"   {what:42s} median {med[k]:7.1f} ms (min {min(v) * 1000:.1f}, max {max(v) * 1000:.1f})")
+        print(f"   wall - teardown - floor = {med['wall'] - med['teardown'] - med['floor']:.1f} ms; "
+              f"goal wall <= teardown + floor + 30 = {goal:.1f} ms: "
+              f"{'met' if med['wall'] <= goal else 'NOT met'}")
+        print(f"   vs SGLang killall.py {args.killall_s:g} s (recorded, not run here): "
+              f"{args.killall_s * 1000 / med['wall']:.0f}x faster (goal >= 20x)")
+        print(f"\n3. deciding whom to reap vs `fuser {' '.join(b.device_files()[:3])}...`")
         quiet = decision_cost(b)
         idle = spawn_idle(args.idle)
         try:

@@ -11,7 +11,7 @@ SIGTERM) on their own fake GPUs:
   baseline     a hand-written Type=notify unit: the server itself says READY=1
                when loaded; no hooks
 Restarts alternate; the difference of the medians is the hooks' cost
-(DESIGN's goal: < 100 ms).
+(DESIGN's goal: < 60 ms; 86 ms on 2026-12-01 before issue 21).
 """
 
 from __future__ import annotations
@@ -87,8 +87,8 @@ def main() -> int:
               f"(min {min(times['baseline']) * 1000:.1f}, max {max(times['baseline']) * 1000:.1f})")
         print(f"  infer-units unit (all hooks)      median {hooked:7.1f} ms  "
               f"(min {min(times['hooked']) * 1000:.1f}, max {max(times['hooked']) * 1000:.1f})")
-        print(f"  added by the hooks: {hooked - base:.1f} ms (goal < 100 ms: "
-              f"{'met' if hooked - base < 100 else 'NOT met'}); ratio {hooked / base:.2f}")
+        print(f"  added by the hooks: {hooked - base:.1f} ms (goal < 60 ms: "
+              f"{'met' if hooked - base < 60 else 'NOT met'}); ratio {hooked / base:.2f}")
         # One more restart, traced: where the time goes.
         box.sh("journalctl --rotate --vacuum-time=1s -q; systemctl restart hooked", check=False)
         log = box.sh("journalctl -u hooked -o short-monotonic --no-pager | tail -20",

@@ -94,14 +94,14 @@ def load_all(names: list[str] | None = None, dirs: list[str] | None = None) -> L
 
 
 def render_checked(model: Model) -> list[RenderedUnit]:
-    """Every file of a model, its unit first, then its companions ([liveness]
-    timer, probe and drop-in), with every failure (and any text systemd would
-    read differently from what we meant) as a ConfigError naming the model file."""
-    from .liveness import companions
-    from .render import render
+    """Every file of a model, its unit first, then the drop-ins its [liveness]
+    needs for the shipped template units (often none), with every failure (and
+    any text systemd would read differently from what we meant) as a
+    ConfigError naming the model file."""
+    from .render import liveness_dropins, render
     from .systemd_quote import unit_text_problem
     try:
-        units = [render(model), *companions(model)]
+        units = [render(model), *liveness_dropins(model)]
     except Exception as e:          # noqa: BLE001
         raise as_config_error(model.main_path, e) from None
     for i, unit in enumerate(units):

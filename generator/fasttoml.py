@@ -37,7 +37,7 @@ class _Parser:
 
     def skip_ws(self) -> None:
         s, i, n = self.s, self.i, self.n
-        while i < n and s[i] in " \t":
+        while i < n and (s[i] == " " or s[i] == "\t"):
             i += 1
         self.i = i
 
@@ -75,13 +75,14 @@ class _Parser:
                 self.fail()
 
     def bare_key(self) -> str:
-        start = self.i
+        start = i = self.i
         s, n = self.s, self.n
-        while self.i < n and s[self.i] in _BARE:
-            self.i += 1
-        if self.i == start:
+        while i < n and s[i] in _BARE:
+            i += 1
+        self.i = i
+        if i == start:
             self.fail()
-        return s[start:self.i]
+        return s[start:i]
 
     def value(self) -> Any:
         if self.i >= self.n:
@@ -124,6 +125,14 @@ class _Parser:
         s = self.s
         if s.startswith('"""', self.i):
             self.fail()
+        # Fast path, most strings: no escape before the closing quote, and
+        # printable (else the loop below checks each character).
+        end = s.find('"', self.i + 1)
+        if end > 0:
+            text = s[self.i + 1:end]
+            if "\\" not in text and "\n" not in text and text.isprintable():
+                self.i = end + 1
+                return text
         self.i += 1
         out = []
         chunk = self.i

@@ -119,6 +119,7 @@ def _list_dir(directory: str) -> list[str]:
 def forget_cache() -> None:
     """Drop what this process read (for long-lived callers and tests)."""
     _listings.clear()
+    _drop_in_lists.clear()
     _parsed.clear()
     _system_units.clear()
     _system_units_listed.clear()
@@ -239,8 +240,19 @@ def _deep_copy(value: Any, path: str, dotted: str, depth: int) -> Any:
     return value
 
 
+_drop_in_lists: dict[tuple[tuple[str, ...], str], list[str]] = {}   # host-wide: once per run
+
+
 def _drop_ins(dirs: list[str], subdir: str) -> list[str]:
     """Drop-in paths for `subdir` (e.g. "x.toml.d"), higher directories winning by file name."""
+    key = (tuple(dirs), subdir)
+    found = _drop_in_lists.get(key)
+    if found is None:
+        found = _drop_in_lists[key] = _find_drop_ins(dirs, subdir)
+    return list(found)
+
+
+def _find_drop_ins(dirs: list[str], subdir: str) -> list[str]:
     chosen: dict[str, str] = {}
     for directory in dirs:
         try:

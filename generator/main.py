@@ -13,6 +13,7 @@ import sys
 from .build import as_config_error, load_all, render_checked
 from .errors import ConfigError
 from .log import GeneratorLog
+from .paths import DEB_CLI, HOOK_CLI
 from .render import RenderedUnit
 
 
@@ -112,6 +113,14 @@ def main(argv: list[str] | None = None) -> int:
             reason = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
             log.error(str(ConfigError(model.main_path, None,
                                       f"cannot write {model.unit_name}: {reason}")))
+    if HOOK_CLI != DEB_CLI and any(m.liveness is not None for m in loaded.models):
+        # Not the .deb: the liveness template units are not on the unit path.
+        from .render import shipped_units
+        try:
+            for unit in shipped_units():
+                write_unit(out_dir, unit)
+        except Exception as e:      # noqa: BLE001
+            log.error(f"cannot write the liveness template units: {e} (models have no liveness)")
     log.finish(out_dir)
     return 0
 

@@ -8,6 +8,9 @@ from .. import __version__
 from ..units.compiled import TEMPLATES
 from .durations import format_seconds
 from .engines import ENGINE_SPECS
+from .liveness import (DEFAULT_INTERVAL_S, DROPIN, PROBE_MARGIN_S, TEMPLATE_PROBE_TIMEOUT_S,
+                       accuracy, cap_marker, group_watch_name, probe_name, state_dir,
+                       timer_name)
 from .model import Model
 from .settings import BUILTIN_IGNORE
 from .systemd_quote import (comment_text, environment_assignment, exec_line, exec_word,
@@ -39,16 +42,36 @@ class RenderedUnit:
         self.links = links    # directories to link from: "multi-user.target.wants"
 
 
+_FORMATS: dict[str, tuple[str, tuple[str, ...]]] = {}
+
+
+def _format_of(template: str) -> tuple[str, tuple[str, ...]]:
+    """The template as one str.format string, and its optional keys: a line
+    that is only one placeholder is an optional block, gone when empty (its
+    value brings its own newline)."""
+    found = _FORMATS.get(template)
+    if found is None:
+        parts, optional = [], []
+        for line in TEMPLATES[template]:
+            if line.startswith("{") and line.endswith("}") and line.count("{") == 1 \
+                    and line[1:-1].isidentifier():
+                parts.append(line)
+                optional.append(line[1:-1])
+            else:
+                parts.append(line + "\n")
+        found = _FORMATS[template] = ("".join(parts), tuple(optional))
+    return found
+
+
 def fill(template: str, values: dict[str, str]) -> str:
-    lines = []
-    for line in TEMPLATES[template]:
-        # A line that is only one placeholder is an optional block: gone when empty.
-        if line.startswith("{") and line.endswith("}") and line.count("{") == 1:
-            key = line[1:-1]
-            if key.isidentifier() and not values[key]:
-                continue
-        lines.append(line.format_map(values))
-    return "\n".join(lines) + "\n"
+    """One format_map per unit (a loop over its lines cost a third of rendering)."""
+    text, optional = _format_of(template)
+    if optional:
+        values = dict(values)
+        for key in optional:
+            if values[key]:
+                values[key] += "\n"
+    return text.format_map(values)
 
 
 def health_url(m: Model) -> str | None:
@@ -232,6 +255,64 @@ def _description(m: Model) -> str:
         (f", port {m.port}" if m.port else "") + " (infer-units)"
 
 
+# The model's ExecStopPost= after its liveness restart cap: fails (exit 1) only
+# for the invocation the marker names (the probe writes it just before it
+# stops the model), and always removes it, so a stale marker can never fail
+# a later, ordinary stop.
+_CAP_SCRIPT = "m=$(cat $1 2>/dev/null) || exit 0; rm -f $1; test x$m != x$INVOCATION_ID"
+
+
+def _liveness(m: Model, url: str | None) -> tuple[str, str]:
+    """The model's Wants= of its liveness units and its cap ExecStopPost=."""
+    if m.liveness is None or url is None:
+        return "", ""
+    wants = [timer_name(m.name)]
+    if m.nodes is not None:
+        wants.append(group_watch_name(m.name))
+    cap = exec_line(["/bin/sh", "-c", _CAP_SCRIPT, "liveness-cap",
+                     cap_marker(m.name, state_dir(m.env))])
+    return "\n".join(f"Wants={w}" for w in wants), "ExecStopPost=+" + cap
+
+
+def liveness_dropins(m: Model) -> list[RenderedUnit]:
+    """What the shipped templates cannot know about this model: its interval
+    (the timer's is 30s) and a probe timeout beyond the probe service's."""
+    live = m.liveness
+    if live is None or health_url(m) is None:
+        return []
+    units = []
+    if live.interval != DEFAULT_INTERVAL_S:
+        every = format_seconds(live.interval)
+        units.append(RenderedUnit(f"{timer_name(m.name)}.d/{DROPIN}", fill("liveness-timer", {
+            "version": __version__, "unit": m.unit_name, "interval": every,
+            "accuracy": format_seconds(accuracy(live.interval))}), ()))
+    if live.timeout + PROBE_MARGIN_S > TEMPLATE_PROBE_TIMEOUT_S:
+        units.append(RenderedUnit(f"{probe_name(m.name)}.d/{DROPIN}", fill("liveness-service", {
+            "version": __version__, "unit": m.unit_name,
+            "timeout_start": format_seconds(live.timeout + PROBE_MARGIN_S)}), ()))
+    return units
+
+
+def shipped_units(cli: str = HOOK_CLI) -> list[RenderedUnit]:
+    """The template units the .deb installs in /usr/lib/systemd/system, for an
+    install without the .deb (pip, a venv): written by the generator beside
+    the models' units, calling that install's CLI.  The .deb's generator
+    writes none of them."""
+    import os
+    from .liveness import TEMPLATES
+    from .paths import DEB_CLI
+    here = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                        "units", "systemd")
+    units = []
+    for name in TEMPLATES:
+        with open(os.path.join(here, name), encoding="utf-8") as f:
+            text = f.read()
+        if cli != DEB_CLI:
+            text = text.replace(f"ExecStart={DEB_CLI} ", f"ExecStart={exec_word(cli, first=True)} ")
+        units.append(RenderedUnit(name, text, ()))
+    return units
+
+
 def render(m: Model) -> RenderedUnit:
     url = health_url(m)
     post = []
@@ -244,10 +325,13 @@ def render(m: Model) -> RenderedUnit:
     stop_post = (_hook("wait-free", "--gpus", selector, "--unit", m.unit_name,
                        "--timeout", format_seconds(_stop_post_timeout(m)), *_ignore_args(m)) +
                  " --result $SERVICE_RESULT") if selector else ""
+    liveness_wants, liveness_stop_post = _liveness(m, url)
     values = {
         "version": __version__,
         "sources": " ".join(comment_text(s) for s in m.sources),
         "description": plain_value(_description(m)),
+        "liveness_wants": liveness_wants,
+        "liveness_stop_post": liveness_stop_post,
         "source_path": path_value(m.main_path),
         "unit_directives": "\n".join(_directives(m.unit_directives)),
         "user": f"User={m.user}" if m.user else "",

@@ -7,7 +7,6 @@ reason; callers name the option."""
 from __future__ import annotations
 
 import math
-import urllib.parse
 
 # A deadline beyond a year is a typo, and poll()/monotonic arithmetic must
 # stay finite: "400 digits of seconds" would be inf.
@@ -51,6 +50,7 @@ def pid(text: str) -> int:
 
 def http_url(text: str) -> str:
     try:
+        import urllib.parse      # lazily: only wait-ready takes a URL
         parts = urllib.parse.urlsplit(text)
         parts.port          # raises ValueError for a bad port
     except ValueError as e:

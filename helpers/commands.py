@@ -14,8 +14,11 @@ HOOKS: dict[str, tuple[str, str, str]] = {
     "wait-free": ("hooks.unit", "wait_free",
                   "ExecStopPost: wait until the GPUs are free; report what holds them."),
     "liveness-probe": ("hooks.unit", "liveness_probe",
-                       "<name>-liveness.service: probe health; restart the model after "
-                       "[liveness] failures."),
+                       "infer-units-liveness@<name>.service: probe health; restart the model "
+                       "after [liveness] failures."),
+    "group-watch": ("hooks.unit", "group_watch",
+                    "infer-units-group@<name>.service: restart a rank of a multi-node model "
+                    "whose group lost a rank."),
 }
 
 # The operator commands: name -> (module under infer_units.helpers, the click

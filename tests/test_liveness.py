@@ -19,7 +19,6 @@ from pathlib import Path
 
 import pytest
 
-from infer_units.generator.liveness import companions
 from infer_units.helpers.act import liveness as lv
 from infer_units.helpers.act import metrics
 from .support import base_env, run_cli
@@ -359,6 +358,81 @@ def test_probe_command_without_systemd(health: Health, tmp_path: Path) -> None:
     assert run_cli("liveness-probe", "--unit", "m").returncode == 1
 
 
+def test_probe_reads_its_model_by_name(health: Health, tmp_path: Path) -> None:
+    """`--model NAME` (the template unit's %i): URL, [liveness] and the hooks'
+    INFER_UNITS_* settings come from the model's file, through the loader."""
+    conf = tmp_path / "conf"
+    conf.mkdir()
+    port = health.url.split(":")[2].split("/")[0]
+    (conf / "m.toml").write_text(
+        f'engine = "command"\ncommand = ["/bin/true"]\nport = {port}\n'
+        f'[ready]\nurl = "{health.url}"\n[liveness]\nfailures = 1\ntimeout = "1s"\n'
+        f'[env]\nINFER_UNITS_LIVENESS_DIR = "{tmp_path}/state"\n')
+    env = base_env(INFER_UNITS_CONFIG_PATH=str(conf))
+    run_cli("liveness-probe", "--model", "m", env=env, check=0)
+    state = json.loads((tmp_path / "state" / "m.liveness.json").read_text())
+    assert state["url"] == health.url and state["failures"] == 1 and state["timeout"] == 1.0
+    assert state["last_probe"]["ok"] and health.requests == 1
+    done = run_cli("liveness-probe", "--model", "nosuch", env=env)
+    assert done.returncode == 1 and "no model file named nosuch.toml" in done.stdout + done.stderr
+
+
+def test_x_and_x_liveness_are_two_models_with_their_own_liveness(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 19 item 7: a model named like another's companion.  Both pass
+    check, each gets one unit wanting its own instance of the template units,
+    and each probe reads (and keeps state for) its own model only."""
+    from infer_units.generator.build import load_all, render_checked
+    conf = tmp_path / "conf"
+    conf.mkdir()
+    (conf / "x.toml").write_text('engine = "vllm"\nmodel = "/m"\ngpus = [0]\nport = 8000\n')
+    (conf / "x-liveness.toml").write_text('engine = "vllm"\nmodel = "/m"\ngpus = [1]\n'
+                                          'port = 8001\n[liveness]\ninterval = "10s"\n')
+    env = base_env(INFER_UNITS_CONFIG_PATH=str(conf))
+    assert run_cli("check", "x", "x-liveness", env=env).returncode == 0
+    loaded = load_all(dirs=[str(conf)])
+    assert not loaded.errors and not loaded.conflicts
+    names = {m.name: [u.name for u in render_checked(m)] for m in loaded.models}
+    assert names == {"x": ["x.service"], "x-liveness": [
+        "x-liveness.service", "infer-units-liveness@x-liveness.timer.d/50-liveness.conf"]}
+    units = {m.name: render_checked(m)[0].text for m in loaded.models}
+    assert values(units["x"], "Unit", "Wants")[-1] == "infer-units-liveness@x.timer"
+    assert values(units["x-liveness"], "Unit", "Wants")[-1] == \
+        "infer-units-liveness@x-liveness.timer"
+    monkeypatch.setenv("INFER_UNITS_CONFIG_PATH", str(conf))
+    x, _ = lv.config_of_model("x")
+    xl, _ = lv.config_of_model("x-liveness")
+    # vLLM's /health reads a flag (vllm#36960): its liveness generates one token.
+    assert (x.unit, x.url, x.interval) == ("x.service", "http://127.0.0.1:8000/v1/completions",
+                                           30.0)
+    assert x.post == '{"model": "/m", "prompt": "1", "max_tokens": 1, "temperature": 0}'
+    assert (xl.unit, xl.url, xl.interval) == ("x-liveness.service",
+                                              "http://127.0.0.1:8001/v1/completions", 10.0)
+    assert lv.state_path(x.unit, "/d") != lv.state_path(xl.unit, "/d")
+
+
+def test_the_template_probe_reads_the_probe_kind_from_the_model(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`liveness-probe --model NAME` (the template unit's argv) probes as the
+    model's file says: SGLang's /health already generates; `probe = "health"`
+    turns vLLM's generation off; a served model name is what is generated with."""
+    conf = tmp_path / "conf"
+    conf.mkdir()
+    (conf / "s.toml").write_text('engine = "sglang"\nmodel = "/m"\ngpus = [0]\nport = 8000\n')
+    (conf / "h.toml").write_text('engine = "vllm"\nmodel = "/m"\ngpus = [1]\nport = 8001\n'
+                                 '[liveness]\nprobe = "health"\n')
+    (conf / "n.toml").write_text('engine = "vllm"\nmodel = "/m"\ngpus = [2]\nport = 8002\n'
+                                 'args = ["--served-model-name", "tiny \\"q\\""]\n')
+    monkeypatch.setenv("INFER_UNITS_CONFIG_PATH", str(conf))
+    s, _ = lv.config_of_model("s")
+    h, _ = lv.config_of_model("h")
+    n, _ = lv.config_of_model("n")
+    assert (s.url, s.post) == ("http://127.0.0.1:8000/health", None)
+    assert (h.url, h.post) == ("http://127.0.0.1:8001/health", None)
+    assert n.url == "http://127.0.0.1:8002/v1/completions"
+    assert n.post is not None and json.loads(n.post)["model"] == 'tiny "q"'
+
+
 # ------------------------------------------------------------------ the cap's ExecStopPost
 
 def _cap_argv(tmp_path: Path) -> list[str]:
@@ -368,8 +442,8 @@ def _cap_argv(tmp_path: Path) -> list[str]:
     (conf / "m.toml").write_text('engine = "vllm"\nmodel = "/m"\ngpus = [0]\nport = 8000\n'
                                  f'[env]\nINFER_UNITS_LIVENESS_DIR = "{tmp_path}"\n')
     [model] = load_all(dirs=[str(conf)]).models
-    dropin = [u for u in companions(model) if u.name.endswith(".conf")][0]
-    line = values(dropin.text, "Service", "ExecStopPost")[0]
+    from infer_units.generator.render import render
+    line = values(render(model).text, "Service", "ExecStopPost")[-1]   # after wait-free
     assert line.startswith("+")
     return exec_argv(line)
 
@@ -416,3 +490,20 @@ def test_status_view_and_cell(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -
     assert entry["timeout"] == 10.0 and entry["failures"] == 3
     assert lv.cell(entry) == "2/3 failed: HTTP 503, 4 restarts"
     json.dumps(entry)
+
+
+def test_interval_dropin_resets_the_timers_once_then_sets_both(tmp_path: Path) -> None:
+    """systemd: an empty OnActiveSec=/OnUnitInactiveSec= resets EVERY timer of
+    the unit, so a second reset would drop the first setting (the timer then
+    never fires: seen under systemd 252)."""
+    from infer_units.generator.build import load_all, render_checked
+    from unitfile import parse_unit
+    conf = tmp_path / "conf"
+    conf.mkdir()
+    (conf / "m.toml").write_text('engine = "vllm"\nmodel = "/m"\ngpus = [0]\nport = 8000\n'
+                                 '[liveness]\ninterval = "5s"\n')
+    [model] = load_all(dirs=[str(conf)]).models
+    [_unit, dropin] = render_checked(model)
+    assert dropin.name == "infer-units-liveness@m.timer.d/50-liveness.conf"
+    timer = [(k, v) for k, v in parse_unit(dropin.text)["Timer"] if k.startswith("On")]
+    assert timer == [("OnActiveSec", ""), ("OnActiveSec", "5s"), ("OnUnitInactiveSec", "5s")]

@@ -169,10 +169,9 @@ def test_json_is_valid_whatever_goes_to_stderr(tmp_path: Path, command: str) -> 
     if command == "check":
         assert report["ok"] == [{"path": str(tmp_path / "good.toml"), "unit": "good.service"}]
     else:
-        # the model's unit, then its [liveness] companions
+        # the model's unit: its [liveness] is the package's template units
         names = [u["name"] for u in report["units"]]
-        assert names == ["good.service", "good-liveness.timer", "good-liveness.service",
-                         "good.service.d/50-liveness.conf"], names
+        assert names == ["good.service"], names
         assert "ExecStart=" in report["units"][0]["text"]
 
 

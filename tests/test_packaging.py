@@ -118,8 +118,16 @@ def test_venv_install_generates_units_that_call_its_cli(venv: Path, tmp_path: Pa
     unit = (out / "m.service").read_text()
     hooks = [split_words(v.lstrip("+-"), exec_line=True)
              for key in ("ExecStartPre", "ExecStartPost", "ExecStopPost")
-             for v in values(unit, "Service", key)]
+             for v in values(unit, "Service", key)
+             if "liveness-cap" not in v]     # the cap's /bin/sh line calls no CLI
     assert hooks and all(argv[0] == str(venv / "bin/infer-units") for argv in hooks), hooks
+    # the liveness template units, which the .deb ships, written beside it calling the venv's CLI
+    for template in ("infer-units-liveness@.timer", "infer-units-liveness@.service",
+                     "infer-units-group@.service"):
+        assert (out / template).is_file(), template
+    probe = values((out / "infer-units-liveness@.service").read_text(), "Service", "ExecStart")
+    assert split_words(probe[0], exec_line=True) == [
+        str(venv / "bin/infer-units"), "liveness-probe", "--model", "%i"]
     # and that CLI runs from the venv, wherever the working directory is
     ran = subprocess.run([hooks[0][0], "pre-start", "--help"], capture_output=True, text=True,
                          timeout=60, cwd="/", env=_clean_env())

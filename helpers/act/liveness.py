@@ -1,5 +1,5 @@
 """`infer-units liveness-probe`: one health probe of a model that is active,
-run by its <name>-liveness.timer; after `failures` failed probes in a row it
+run by infer-units-liveness@<name>.timer; after `failures` failed probes in a row it
 restarts the model through systemd, after `max-restarts` such restarts within
 `restart-window` it stops the model and leaves it failed.
 
@@ -324,6 +324,58 @@ def run_probe(cfg: Config, systemd: Any, directory: str | None = None,
         from .metrics import record_liveness
         record_liveness(cfg.unit, state, restarted)
     return action
+
+
+def generation_probe(m: Any) -> tuple[str, str] | None:
+    """(URL, JSON body) of the one-token completion liveness posts when the
+    model's `[liveness] probe` is "generate" (vLLM's default: its /health reads
+    a flag, vllm#36960), else None.  A multi-node worker probes its head's
+    health instead.  The name asked for is the one the server serves."""
+    from ...generator.engines import ENGINE_SPECS, flag_value
+    from ...generator.render import health_url
+    if m.liveness is None or m.liveness.probe != "generate" or m.is_worker:
+        return None
+    health = health_url(m)
+    if health is None or m.port is None:
+        return None
+    scheme, _, rest = health.partition("://")
+    url = f"{scheme}://{rest.split('/', 1)[0]}/v1/completions"
+    spec = ENGINE_SPECS[m.engine]
+    name = (flag_value(m.args, spec.model_name_flag) if spec.model_name_flag else None) \
+        or m.model or ""
+    return url, json.dumps({"model": name, "prompt": "1", "max_tokens": 1, "temperature": 0})
+
+
+def config_of_model(name: str) -> tuple[Config, dict[str, str]]:
+    """The probe's settings from the model's own file, read by the generator's
+    loader (root-only trusted config, as the generator read it), and the
+    hooks' INFER_UNITS_* settings of its [env].  ValueError: why not (no such
+    model, an invalid file, liveness off)."""
+    from ...generator.build import as_config_error
+    from ...generator.loader import discover, load_model, search_path
+    from ...generator.model import build_model
+    from ...generator.render import health_url
+    dirs = search_path()
+    found, _errors = discover(dirs)
+    path = found.get(name)
+    if path is None:
+        raise ValueError(f"no model file named {name}.toml on the search path")
+    try:
+        model = build_model(load_model(name, path, dirs))
+    except Exception as e:      # noqa: BLE001 - one line naming the file
+        raise ValueError(str(as_config_error(path, e))) from None
+    url = health_url(model)
+    live = model.liveness
+    if live is None or url is None:
+        raise ValueError(f"{path}: liveness is off (no health URL, or [liveness] interval = \"0\")")
+    env = {k: v for k, v in model.env.items()
+           if k.startswith("INFER_UNITS_") and k != "INFER_UNITS_FAKE_GPUS"}
+    generate = generation_probe(model)     # [liveness] probe = "generate": one token
+    post = None
+    if generate is not None:
+        url, post = generate
+    return Config(model.unit_name, url, live.interval, live.failures, live.timeout,
+                  live.max_restarts, live.restart_window, post), env
 
 
 # ------------------------------------------------------------------ status

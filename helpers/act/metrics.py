@@ -13,7 +13,9 @@ import math
 import os
 import sys
 import time
-from typing import Any
+TYPE_CHECKING = False     # typing costs a hook's start-up; annotations are strings here
+if TYPE_CHECKING:
+    from typing import Any
 
 STATE_DIR = os.environ.get("INFER_UNITS_STATE_DIR", "/run/infer-units/state")
 

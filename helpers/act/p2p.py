@@ -8,7 +8,7 @@ import json
 import os
 import subprocess
 import sys
-from dataclasses import dataclass
+from ..records import dataclass
 
 from .envfile import update_env_file
 from ..facts.gpus import Gpu

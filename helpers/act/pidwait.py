@@ -5,7 +5,9 @@ from __future__ import annotations
 import os
 import select
 import time
-from typing import Callable, Iterable
+TYPE_CHECKING = False     # typing costs a hook's start-up; annotations are strings here
+if TYPE_CHECKING:
+    from typing import Callable, Iterable
 
 from ..facts.procinfo import ProcInfo, read_stat
 

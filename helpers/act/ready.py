@@ -9,8 +9,9 @@ import signal
 import socket
 import time
 import urllib.parse
-from dataclasses import dataclass
 from collections.abc import Callable
+
+from ..records import dataclass
 
 from .progress import Progress
 

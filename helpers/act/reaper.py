@@ -12,7 +12,7 @@ import os
 import signal
 import sys
 import time
-from dataclasses import dataclass, field
+from ..records import dataclass, field
 
 from .. import exitcodes
 from ..decide.attribution import (ANCESTOR, FOREIGN, IGNORED, OWN, SERVICE, Attribution, Holder,
@@ -332,7 +332,9 @@ class Reaper:
             pids.wait(deadline, tick)
         gone = {h.info.pid for h in to_kill} - set(pids.alive())
         # The exit is the event; the backend (NVML) must stop listing the pid too.
-        while gone and time.monotonic() < deadline:
+        # A backend that reads /proc (fake, proc) cannot list an exited pid:
+        # asking it would cost one scan of every process's fds for nothing.
+        while gone and self.backend.cheap_users and time.monotonic() < deadline:
             listed = set(self.backend.users(self.gpus)) & gone
             if not listed:
                 break

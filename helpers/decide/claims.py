@@ -30,7 +30,7 @@ import fcntl
 import json
 import os
 import time
-from dataclasses import dataclass
+from ..records import dataclass
 
 from ..facts.gpus import Gpu
 from ..facts.procinfo import read_cgroup, read_stat, unit_of_cgroup

@@ -16,8 +16,10 @@ import json
 import os
 import stat
 import sys
-from dataclasses import dataclass, field
-from typing import Any
+from ..records import dataclass, field
+TYPE_CHECKING = False     # typing costs a hook's start-up; annotations are strings here
+if TYPE_CHECKING:
+    from typing import Any
 
 from ...generator.settings import is_pci, normalize_pci
 

@@ -7,7 +7,9 @@ import os
 import socket
 import struct
 import time
-from typing import Callable
+TYPE_CHECKING = False     # typing costs a hook's start-up; annotations are strings here
+if TYPE_CHECKING:
+    from typing import Callable
 
 from .procinfo import ProcInfo, read_proc
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 import pwd
 import re
-from dataclasses import dataclass
+from ..records import dataclass
 
 # Command lines go into one journal line each: control characters escaped, as
 # the generator escapes paths and values in its messages.

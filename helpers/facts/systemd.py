@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import os
 import time
-from dataclasses import dataclass
-from typing import Any
+from ..records import dataclass
+TYPE_CHECKING = False     # typing costs a hook's start-up; annotations are strings here
+if TYPE_CHECKING:
+    from typing import Any
 
 
 class SystemdUnavailable(Exception):

@@ -54,7 +54,17 @@ _unit = _checked(argtypes.unit)
 _count = _checked(argtypes.count)
 
 
+def _formatter(prog: str) -> argparse.HelpFormatter:
+    # A width given: HelpFormatter imports shutil (and zlib, bz2, lzma) to ask
+    # the terminal's, and add_argument() builds one for every option.
+    return argparse.HelpFormatter(prog, width=int(os.environ.get("COLUMNS", "") or 0) or 100)
+
+
 class _Parser(argparse.ArgumentParser):
+    def __init__(self, *args, **kwargs) -> None:
+        kwargs.setdefault("formatter_class", _formatter)
+        super().__init__(*args, **kwargs)
+
     def error(self, message: str) -> NoReturn:  # usage errors are exit 1 here, not argparse's 2
         _say(f"{self.prog}: {message} (see --help)", ERR)   # one line: it lands in the journal
         sys.exit(exitcodes.CONFIG_ERROR)
@@ -305,11 +315,13 @@ def wait_free(argv: list[str]) -> int:
 
 def liveness_probe(argv: list[str]) -> int:
     p = _Parser(prog="infer-units liveness-probe",
-                description="One liveness probe of an active model (run by its "
-                            "<name>-liveness.timer); restarts it through systemd after "
-                            "FAILURES failed probes in a row.")
-    p.add_argument("--unit", required=True, type=_unit)
-    p.add_argument("--url", required=True)
+                description="One liveness probe of an active model (run by "
+                            "infer-units-liveness@<name>.timer); restarts it through systemd "
+                            "after FAILURES failed probes in a row.  --model reads every "
+                            "setting from the model's file; the others give them by hand.")
+    p.add_argument("--model", help="the model's name: its [liveness] and health URL")
+    p.add_argument("--unit", type=_unit)
+    p.add_argument("--url")
     p.add_argument("--interval", type=_duration, default=settings.default("liveness.interval"),
                    help="for the log only")
     p.add_argument("--failures", type=_count, default=settings.default("liveness.failures"))
@@ -322,11 +334,22 @@ def liveness_probe(argv: list[str]) -> int:
     p.add_argument("--post", default=None, metavar="JSON",
                    help="POST this body (a one-token completion) instead of a GET")
     a = p.parse_args(argv)
-    from ..act.liveness import Config, run_probe
+    from ..act.liveness import Config, config_of_model, run_probe
     from ..facts.systemd import Liveness
-    unit = unit_name(a.unit)
-    cfg = Config(unit, a.url, a.interval, max(1, a.failures), a.timeout,
-                 max(0, a.max_restarts), a.restart_window, a.post)
+    if a.model is not None:
+        try:
+            cfg, env = config_of_model(a.model)
+        except ValueError as e:
+            _say(f"{a.model}.service: cannot probe: {e}", ERR)
+            return exitcodes.CONFIG_ERROR
+        os.environ.update(env)      # the hooks' own settings (metrics, state) of the model
+        unit = cfg.unit
+    elif a.unit is None or a.url is None:
+        p.error("give --model NAME, or --unit and --url")
+    else:
+        unit = unit_name(a.unit)
+        cfg = Config(unit, a.url, a.interval, max(1, a.failures), a.timeout,
+                     max(0, a.max_restarts), a.restart_window, a.post)
     try:
         run_probe(cfg, Liveness(), a.state_dir)
     except OSError as e:
@@ -335,9 +358,14 @@ def liveness_probe(argv: list[str]) -> int:
     return exitcodes.CLEAN
 
 
+def group_watch(argv: list[str]) -> int:
+    from ..act.groupwatch import main as watch_main       # run by infer-units-group@<name>.service
+    return watch_main(argv)
+
+
 COMMANDS: dict[str, Callable[[list[str]], int]] = {
     "pre-start": pre_start, "wait-ready": wait_ready, "wait-free": wait_free,
-    "liveness-probe": liveness_probe}
+    "liveness-probe": liveness_probe, "group-watch": group_watch}
 
 
 def run(argv: list[str]) -> int:

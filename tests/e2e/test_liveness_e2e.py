@@ -45,7 +45,7 @@ def healthy(box, port: int) -> bool:
 
 
 def timer_state(box, name: str) -> str:
-    return show(box, f"{name}-liveness.timer", "ActiveState")["ActiveState"]
+    return show(box, f"infer-units-liveness@{name}.timer", "ActiveState")["ActiveState"]
 
 
 def start(box, name: str, *flags: str) -> None:
@@ -70,7 +70,10 @@ def _hang_and_come_back(box, name: str, port: int, how: str, restarts_before: in
     hang(box, name, how)
     assert wait_until(lambda: unit(box, name)["InvocationID"] != before["InvocationID"]
                 and unit(box, name)["ActiveState"] == "active", restart_bound(0.5) + 10), \
-        (unit(box, name), state(box, name), box.journal(name + ".service")[-3000:])
+        "\n".join([str(unit(box, name)), json.dumps(state(box, name)),
+                   box.journal(name + ".service")[-2000:],
+                   box.sh(f"journalctl -b --no-pager -u infer-units-liveness@{name}.service "
+                          f"-u infer-units-liveness@{name}.timer | tail -15", check=False).stdout])
     took = time.monotonic() - started
     assert healthy(box, port)
     after = unit(box, name)
@@ -86,7 +89,10 @@ def test_hang_after_ready_is_restarted_and_healthy_again(box) -> None:
     box.sh("systemctl daemon-reload")
     start(box, name)
     assert wait_until(lambda: timer_state(box, name) == "active", 5)
-    assert wait_until(lambda: state(box, name).get("last_probe", {}).get("ok") is True, 10)
+    assert wait_until(lambda: state(box, name).get("last_probe", {}).get("ok") is True, 10), \
+        box.sh(f"systemctl status --no-pager infer-units-liveness@{name}.timer "
+               f"infer-units-liveness@{name}.service; journalctl -b --no-pager "
+               f"-u infer-units-liveness@{name}.service | tail -20", check=False).stdout
     # The timer and its schedule survive a daemon-reload.
     box.sh("systemctl daemon-reload")
     assert timer_state(box, name) == "active"
@@ -142,7 +148,7 @@ def test_slow_answers_within_the_timeout_are_never_restarted(box) -> None:
     assert s.get("restarts_total", 0) == 0 and s["consecutive_failures"] == 0
     assert unit(box, name)["InvocationID"] == first["InvocationID"]
     # Healthy probes leave nothing in the journal (LogLevelMax=notice).
-    probe_log = box.sh(f"journalctl -u {name}-liveness.service -o cat --no-pager").stdout
+    probe_log = box.sh(f"journalctl -u infer-units-liveness@{name}.service -o cat --no-pager").stdout
     assert "Starting" not in probe_log and "Finished" not in probe_log, probe_log[-2000:]
     box.sh(f"systemctl stop {name}")
 
@@ -187,7 +193,7 @@ def test_operator_stop_while_failures_count_is_never_undone(box) -> None:
     assert state(box, name).get("restarts_total", 0) == 0
     assert "liveness: restarting" not in box.journal(f"{name}.service")
     # Nor does the timer start a stopped model on its own (Requisite=).
-    assert box.sh(f"systemctl start {name}-liveness.timer", check=False).returncode != 0
+    assert box.sh(f"systemctl start infer-units-liveness@{name}.timer", check=False).returncode != 0
     assert unit(box, name)["ActiveState"] == "inactive"
 
 
@@ -230,6 +236,6 @@ def test_interval_zero_turns_liveness_off(box) -> None:
     name = "lv-off"
     add_model(box, name, model_toml(name, [5], 18206) + '\n[liveness]\ninterval = "0"\n')
     box.sh("systemctl daemon-reload")
-    assert box.sh(f"test -e /run/systemd/generator/{name}-liveness.timer",
-                  check=False).returncode != 0
+    # one generated file, no liveness drop-in or Wants=
+    assert box.sh(f"ls /run/systemd/generator/ | grep -c '{name}'").stdout.strip() == "1"
     assert show(box, f"{name}.service", "Wants")["Wants"].find("liveness") < 0

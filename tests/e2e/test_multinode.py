@@ -2,7 +2,11 @@
 a private network, the same model file on each, the fake SGLang doing a real
 TCP rendezvous like torch.distributed (rank 0 serves HTTP only once every
 rank joined; a rank that loses its peer hangs; nobody rejoins a running
-group).  Nobody touches the workers: the units bring the group back."""
+group).  Nobody touches the workers: the units bring the group back, with
+the default [liveness] (30 s x 4): each rank's group watch
+(infer-units-group@big.service) sees a rank's rendezvous connection go and
+restarts its own rank at once, so the group heals within the head's load
+time + 10 s (DESIGN.md "Performance goals")."""
 
 from __future__ import annotations
 
@@ -46,16 +50,8 @@ timeout = "10s"
 [ready]
 timeout = "120s"
 interval = "200ms"
-
-[liveness]
-interval = "1s"
-failures = 2
-timeout = "2s"
-max-restarts = 20
-
-[service]
-RestartSec = "1s"
 """
+GOAL_S = LOAD_S + 10      # healthy again within the head's load time + 10 s
 
 
 @pytest.fixture(scope="module")
@@ -88,15 +84,24 @@ def group_up(g: Group) -> bool:
     return head_healthy(g) and all(state(g, n)["ActiveState"] == "active" for n in HOSTS)
 
 
-def wait_for(predicate, timeout: float) -> float:
-    """Seconds until `predicate` held; fails after `timeout`."""
+def journals(g: Group) -> str:
+    return "\n".join(f"--- {n}: " + g[n].sh(
+        "journalctl -b -u big.service -u infer-units-group@big.service -o short-precise "
+        "--no-pager | tail -25", check=False).stdout for n in HOSTS)
+
+
+def wait_for(predicate, timeout: float, g: Group | None = None) -> float:
+    """Seconds until `predicate` held; fails after `timeout` (with the journals of `g`)."""
     started = time.monotonic()
-    assert wait_until(predicate, timeout), f"not within {timeout}s"
+    assert wait_until(predicate, timeout), f"not within {timeout}s" + (
+        "\n" + journals(g) if g is not None else "")
     return time.monotonic() - started
 
 
 def engines_on(g: Group, name: str) -> int:
-    out = g[name].sh("pgrep -fc 'fake-python -m sglang' || true").stdout.strip()
+    """Engine processes on that host, read from /proc (minbase has no pgrep)."""
+    out = g[name].sh("for p in /proc/[0-9]*; do tr '\\0' ' ' < $p/cmdline 2>/dev/null; echo; "
+                     "done | grep -c '[f]ake-python -m sglang' || true").stdout.strip()
     return int(out or 0)
 
 
@@ -123,32 +128,37 @@ def test_head_restart_brings_the_whole_group_back(group: Group) -> None:
     started = time.monotonic()
     group[HEAD].sh("systemctl restart big")
     took = wait_for(lambda: group_up(group) and all(
-        state(group, n)["MainPID"] != before[n] for n in WORKERS), 90)
+        state(group, n)["MainPID"] != before[n] for n in WORKERS), 90, group)
     took = time.monotonic() - started
     print(f"head restart -> group of 3 healthy again in {took:.1f}s "
-          f"(fake load {LOAD_S:g}s; liveness 2 x 1s)")
-    assert took < LOAD_S + 10 + 2 * 1 + 5, took
+          f"(fake load {LOAD_S:g}s; default liveness 30s x 4)")
+    assert took < GOAL_S, f"healed in {took:.1f}s, goal {GOAL_S:g}s"
     for name in WORKERS:
-        assert "liveness" in group[name].journal("big.service").lower()
+        # the group watch restarted it (its line is in the model's journal)
+        assert wait_until(lambda: "the head at" in group[name].journal("big.service"), 10), \
+            group[name].sh("journalctl -b -u big.service -u infer-units-group@big.service "
+                           "--no-pager | tail -40", check=False).stdout
 
 
 def test_kill_9_of_a_worker_recovers_the_group(group: Group) -> None:
     victim = WORKERS[1]
     pid = state(group, victim)["MainPID"]
     started = time.monotonic()
+    before = {n: state(group, n)["MainPID"] for n in HOSTS}
     group[victim].sh(f"kill -9 {pid}")
-    # systemd saw the death (its MainPID is no longer the killed one), then the
-    # group is healthy with the victim back: a new server, running.
-    wait_for(lambda: state(group, victim)["MainPID"] != pid, 30)
-
-    def back() -> bool:
-        now = state(group, victim)
-        return (now["MainPID"] not in (pid, "0") and now["SubState"] == "running"
-                and group_up(group))
-    wait_for(back, 120)
-    new = state(group, victim)["MainPID"]
-    assert group[victim].sh(f"kill -0 {new}", check=False).returncode == 0, new
-    print(f"kill -9 of a worker -> group healthy again in {time.monotonic() - started:.1f}s")
+    # healthy again: every rank active with a new engine (the group re-formed),
+    # the killed worker's included
+    wait_for(lambda: group_up(group) and all(
+        state(group, n)["MainPID"] not in (before[n], "0") for n in HOSTS), 90, group)
+    took = time.monotonic() - started
+    print(f"kill -9 of a worker -> group healthy again in {took:.1f}s "
+          f"(fake load {LOAD_S:g}s; default liveness 30s x 4)")
+    assert took < GOAL_S, f"healed in {took:.1f}s, goal {GOAL_S:g}s"
+    now = state(group, victim)
+    assert now["ActiveState"] == "active" and now["SubState"] == "running", now
+    assert group[victim].sh(f"kill -0 {now['MainPID']}", check=False).returncode == 0, now
+    assert engines_on(group, victim) >= 1, "the killed worker's engine did not come back"
+    assert "left the group" in group[HEAD].journal("big.service")
 
 
 def test_stopping_the_head_parks_the_workers(group: Group) -> None:

@@ -5,6 +5,7 @@ in the journal at daemon-reload and at boot, edit and cat, purge.  In file order
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 from pathlib import Path
@@ -19,6 +20,9 @@ ROOT = Path(__file__).resolve().parents[2]
 # 0.1.0 as first packaged: an inactive example as a conffile in /etc, and
 # infer-units.target left to dh_installsystemd (never enabled when built on bookworm).
 FIRST_RELEASE = "351ee6a"
+# The last commit that generated <name>-liveness.timer/.service beside each
+# model (before the package shipped infer-units-liveness@.timer/.service).
+COMPANIONS_RELEASE = "2afe83a"
 NVML_CACHE = Path("/var/cache/infer-units-build")
 APT = "DEBIAN_FRONTEND=noninteractive apt-get -y -qq -o Dpkg::Options::=--force-confold"
 BAD = 'engine = "command"\ncommand = "not a list"\ngpus = [0]\n'
@@ -122,6 +126,43 @@ def test_upgrade_from_0_1_0_starts_and_stops_nothing(box, first_release_deb: Pat
     box.sh("test -f /usr/lib/python3/dist-packages/infer_units/generator/main.py && "
            "python3 -c 'import infer_units.helpers.cli.root'")
     box.keeper_pid = pid  # type: ignore[attr-defined]
+
+
+@pytest.fixture(scope="session")
+def companions_release_deb(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    src = tmp_path_factory.mktemp("companions-release") / "src"
+    src.mkdir()
+    archive = subprocess.run(["git", "-C", str(ROOT), "archive", COMPANIONS_RELEASE],
+                             capture_output=True, timeout=60)
+    if archive.returncode != 0:
+        pytest.skip(f"commit {COMPANIONS_RELEASE} not in this clone")
+    subprocess.run(["tar", "-C", str(src), "-xf", "-"], input=archive.stdout, check=True)
+    return build_deb(src, env={**os.environ, "INFER_UNITS_DEB_VERSION": "0.2.0~companions1"})
+
+
+def test_upgrade_from_generated_liveness_companions_leaves_none_behind(
+        box, companions_release_deb: Path, deb: Path) -> None:
+    """The previous package generated <name>-liveness.timer/.service: after the
+    upgrade none of them is left loaded or running, the active model keeps
+    its process and has the package's infer-units-liveness@ timer running."""
+    box.sh(f"{APT} purge infer-units >/dev/null 2>&1 || true", net=True)
+    install(box, companions_release_deb)
+    box.write("/etc/infer-units/lvup.toml", model_toml("lvup", [0], 18203))
+    box.sh("systemctl daemon-reload")
+    start(box, "lvup")
+    pid = show(box, "lvup.service", "MainPID")["MainPID"]
+    assert show(box, "lvup-liveness.timer", "ActiveState")["ActiveState"] == "active"
+
+    install(box, deb)
+
+    assert show(box, "lvup.service", "MainPID", "ActiveState") == \
+        {"MainPID": pid, "ActiveState": "active"}
+    stale = box.sh("systemctl list-units --all --plain --no-legend 'lvup-liveness.*'").stdout
+    assert "lvup-liveness" not in stale, stale
+    assert show(box, "infer-units-liveness@lvup.timer", "ActiveState")["ActiveState"] == "active"
+    assert box.sh("ls /run/systemd/generator | grep -c lvup").stdout.strip() == "1"
+    box.sh("systemctl stop lvup")
+    box.sh("rm -f /etc/infer-units/lvup.toml && systemctl daemon-reload")
 
 
 def test_deb_built_from_nothing_in_the_container_upgrades_alike(box, tmp_path: Path) -> None:

@@ -97,10 +97,14 @@ UNIT
         mkdir -p "$C/var/lib/fakegpu"
         : > "$C/var/lib/fakegpu/nvidia0"
         : > "$C/var/lib/fakegpu/nvidia1"
-        printf '%s\n' '{"gpus": [' \
-            '{"index": 0, "uuid": "GPU-fake0000-0000-0000-0000-000000000000", "pci": "0000:41:00.0", "device": "/var/lib/fakegpu/nvidia0", "memory_mib": 143771, "memory_used_mib": 0},' \
-            '{"index": 1, "uuid": "GPU-fake0001-0000-0000-0000-000000000001", "pci": "0000:42:00.0", "device": "/var/lib/fakegpu/nvidia1", "memory_mib": 143771, "memory_used_mib": 0}]}' \
-            > "$C/etc/infer-units/fakegpus.json"
+        # IU_FAKE_GPU_COUNT=1: the one-GPU machine's path (two-GPU scenarios skipped)
+        gpu0='{"index": 0, "uuid": "GPU-fake0000-0000-0000-0000-000000000000", "pci": "0000:41:00.0", "device": "/var/lib/fakegpu/nvidia0", "memory_mib": 143771, "memory_used_mib": 0}'
+        gpu1='{"index": 1, "uuid": "GPU-fake0001-0000-0000-0000-000000000001", "pci": "0000:42:00.0", "device": "/var/lib/fakegpu/nvidia1", "memory_mib": 143771, "memory_used_mib": 0}'
+        if [ "${IU_FAKE_GPU_COUNT:-2}" = 1 ]; then
+            printf '{"gpus": [%s]}\n' "$gpu0"
+        else
+            printf '{"gpus": [%s, %s]}\n' "$gpu0" "$gpu1"
+        fi > "$C/etc/infer-units/fakegpus.json"
         printf 'INFER_UNITS_FAKE_GPUS = "/etc/infer-units/fakegpus.json"\nIU_FAKE_GPUS = "1"\n' \
             >> "$C/etc/infer-units/defaults.toml.d/50-harness.toml"
     else
@@ -186,7 +190,8 @@ try:
 except Exception as e:
     print(f"no results: {e}"); sys.exit(0)
 for name, s in r.get("scenarios", {}).items():
-    print(f"{name}: {'PASS' if s.get('ok') else 'FAIL'} {s.get('summary', s.get('error', ''))}")
+    verdict = "SKIP" if s.get("skipped") else "PASS" if s.get("ok") else "FAIL"
+    print(f"{name}: {verdict} {s.get('skipped') or s.get('summary', s.get('error', ''))}")
 PY
     return $rc
 }

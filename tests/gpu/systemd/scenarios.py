@@ -35,6 +35,11 @@ from infer_units.helpers.facts import gpus as gpus_mod  # noqa: E402
 HOSTPY = "/usr/local/bin/host-python"
 SERVER = "/run/iu-gpu/server.py"
 GIB = 0.0 if FAKE else 20.0          # per TP worker, scenario 1
+# The harness runs on whatever GPU count it finds: TP over the first two (or
+# the one there is), two models where there are two GPUs; the scenarios
+# that need two (disjoint models, P2P) say they were skipped, and why.
+TP = [g.index for g in GPUS][:2]
+PAIR = ("left", "right") if len(GPUS) >= 2 else ("left",)
 STOP_REPEATS = int(os.environ.get("IU_STOP_REPEATS", "4"))
 SLACK_MIB = 256                      # "memory back": within this of the idle figure
 T0 = time.monotonic()
@@ -273,13 +278,13 @@ def ms(x: float | None) -> float | None:
 
 def s1_lifecycle(sc: Scenario) -> None:
     d = sc.data
-    add_model("tp", model_toml(8101, [0, 1], GIB))
+    add_model("tp", model_toml(8101, TP, GIB))
     idle = mem()
     d["memory_idle_mib"] = idle
     rc, s, _, _ = sc.sh("systemctl start tp")
     d["start"] = {"rc": rc, "seconds": round(s, 3), "memory_mib": mem()}
     h = holders()
-    first = {"main": int(show("tp", "MainPID")), "gpu_pids": {i: gpu_pids(h, i) for i in (0, 1)},
+    first = {"main": int(show("tp", "MainPID")), "gpu_pids": {i: gpu_pids(h, i) for i in TP},
              "holders": h}
     d["start"]["pids"] = first
     d["start"]["device_fds"] = {p: device_fds(p) for p in sorted(h)}
@@ -287,10 +292,10 @@ def s1_lifecycle(sc: Scenario) -> None:
     with Sampler() as smp:
         rc2, s2, _, _ = sc.sh("systemctl restart tp")
     h2 = holders()
-    second = {"main": int(show("tp", "MainPID")), "gpu_pids": {i: gpu_pids(h2, i) for i in (0, 1)},
+    second = {"main": int(show("tp", "MainPID")), "gpu_pids": {i: gpu_pids(h2, i) for i in TP},
               "holders": h2}
-    old = set(first["gpu_pids"][0] + first["gpu_pids"][1])
-    new = set(second["gpu_pids"][0] + second["gpu_pids"][1])
+    old = {p for i in TP for p in first["gpu_pids"][i]}
+    new = {p for i in TP for p in second["gpu_pids"][i]}
     d["restart"] = {"rc": rc2, "seconds": round(s2, 3), "pids": second, "memory_mib": mem(),
                     "peak_during_mib": smp.peak(), "new_pids_only": not (old & new),
                     "old_pids_alive": sorted(p for p in old if alive(p))}
@@ -304,7 +309,7 @@ def s1_lifecycle(sc: Scenario) -> None:
         rc_r, _, _, _ = sc.sh("systemctl start tp")
         h_r = holders()
         pids_r = {"main": int(show("tp", "MainPID")),
-                  "gpu_pids": {i: gpu_pids(h_r, i) for i in (0, 1)}}
+                  "gpu_pids": {i: gpu_pids(h_r, i) for i in TP}}
         d["stop_repeats"].append(measured_stop(sc, "tp", idle, pids_r) if rc_r == 0 else {"start_rc": rc_r})
     deltas = [v["memory_back_minus_exit_ms"] for st in [d["stop"], *d["stop_repeats"]]
               for v in st.get("per_gpu", {}).values() if v.get("memory_back_minus_exit_ms") is not None]
@@ -314,9 +319,9 @@ def s1_lifecycle(sc: Scenario) -> None:
     ok = rc == rc2 == rc3 == 0 and d["restart"]["new_pids_only"] and not d["restart"]["old_pids_alive"]
     ok = ok and all(st.get("rc") == 0 for st in d["stop_repeats"])
     if not FAKE:
-        ok = ok and all(d["start"]["memory_mib"][i] - idle[i] >= alloc for i in (0, 1))
-        ok = ok and all(d["restart"]["peak_during_mib"][i] < idle[i] + 1.5 * alloc for i in (0, 1))
-        ok = ok and all(at_return[i] <= idle[i] + SLACK_MIB for i in (0, 1))
+        ok = ok and all(d["start"]["memory_mib"][i] - idle[i] >= alloc for i in TP)
+        ok = ok and all(d["restart"]["peak_during_mib"][i] < idle[i] + 1.5 * alloc for i in TP)
+        ok = ok and all(at_return[i] <= idle[i] + SLACK_MIB for i in TP)
     d["ok"] = bool(ok)
     d["summary"] = (f"start {s:.2f}s, restart {s2:.2f}s (new pids only: {d['restart']['new_pids_only']}, "
                     f"peak {d['restart']['peak_during_mib']} MiB), stop {s3:.2f}s, memory at return "
@@ -327,7 +332,7 @@ def s1_lifecycle(sc: Scenario) -> None:
 def measured_stop(sc: Scenario, unit: str, idle: dict[int, int], running: dict) -> dict:
     """`systemctl stop` with every process's exit (pidfd) and the memory (NVML,
     every ~2 ms) timed from the moment the stop was asked for."""
-    new = set(running["gpu_pids"][0] + running["gpu_pids"][1])
+    new = {p for i in TP for p in running["gpu_pids"][i]}
     pids = sorted(set(unit_pids(unit)) | new | {running["main"]})
     watch = ExitWatch(pids)
     with Sampler() as smp:
@@ -340,7 +345,7 @@ def measured_stop(sc: Scenario, unit: str, idle: dict[int, int], running: dict) 
     last_exit = max(watch.exited.values()) if watch.exited else None
     back = smp.back_at(idle)
     per_gpu = {}
-    for i in (0, 1):
+    for i in TP:
         worker = (running["gpu_pids"][i] or [None])[-1]
         gpu_back = smp.back_at({i: idle[i]})
         exit_t = watch.exited.get(worker)
@@ -361,8 +366,9 @@ def measured_stop(sc: Scenario, unit: str, idle: dict[int, int], running: dict) 
 def s2_orphan(sc: Scenario) -> None:
     d = sc.data
     gib = 0.0 if FAKE else 8.0
-    add_model("tp", model_toml(8101, [0, 1], GIB))
-    env = dict(os.environ, CUDA_VISIBLE_DEVICES="0,1", CUDA_DEVICE_ORDER="PCI_BUS_ID")
+    add_model("tp", model_toml(8101, TP, GIB))
+    env = dict(os.environ, CUDA_VISIBLE_DEVICES=",".join(map(str, TP)),
+               CUDA_DEVICE_ORDER="PCI_BUS_ID")
     crashed = subprocess.Popen([HOSTPY, SERVER, "--gib", str(gib), "--port", "8199"], env=env,
                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                                start_new_session=True)
@@ -382,9 +388,14 @@ def s2_orphan(sc: Scenario) -> None:
     killed = [line for line in d["journal"] if "SIGKILL" in line]
     d["ok"] = (rc == 0 and len(d["orphans"]["alive"]) == len(orphans) > 0
                and not d["start"]["orphans_alive"] and bool(killed)
-               and (FAKE or all(d["orphans"]["memory_mib"][i] >= gib * 1024 for i in (0, 1))))
+               and (FAKE or all(d["orphans"]["memory_mib"][i] >= gib * 1024 for i in TP)))
     d["summary"] = (f"{len(orphans)} orphaned TERM-ignoring workers ({gib:g} GiB each) reaped by the "
                     f"start in {s:.2f}s; {len(killed)} SIGKILL line(s) in the journal")
+
+
+def _needs_two(fn):  # type: ignore[no-untyped-def]
+    fn.needs_gpus = 2
+    return fn
 
 
 def _ppid(pid: int) -> int | None:
@@ -395,6 +406,7 @@ def _ppid(pid: int) -> int | None:
         return None
 
 
+@_needs_two
 def s3_disjoint(sc: Scenario) -> None:
     d = sc.data
     rc, s = _two_models(sc)
@@ -422,14 +434,16 @@ def s3_disjoint(sc: Scenario) -> None:
 
 
 def _two_models(sc: Scenario) -> tuple[int, float]:
-    """left on GPU 0 and right on GPU 1, 10 GiB each, started."""
+    """left on GPU 0 and (with two GPUs) right on GPU 1, 10 GiB each, started."""
     gib = 0.0 if FAKE else 10.0
     add_model("left", model_toml(8201, [0], gib))
-    add_model("right", model_toml(8202, [1], gib))
-    rc, s, _, _ = sc.sh("systemctl start left right")
+    if "right" in PAIR:
+        add_model("right", model_toml(8202, [1], gib))
+    rc, s, _, _ = sc.sh("systemctl start " + " ".join(PAIR))
     return rc, s
 
 
+@_needs_two
 def s4_p2p(sc: Scenario) -> None:
     d = sc.data
     gib = 0.0 if FAKE else 2.0
@@ -494,7 +508,7 @@ def s5_status(sc: Scenario) -> None:
                                         "health": m.get("health", {}).get("ok"),
                                         "processes": len(m.get("gpu", {}).get("processes", []))}
                         for m in models}
-    d["ok"] = (rc == rc2 == rc3 == 0 and len(d["metrics"]) > 1 and len(models) == 2
+    d["ok"] = (rc == rc2 == rc3 == 0 and len(d["metrics"]) > 1 and len(models) == len(PAIR)
                and all(v["active"] == "active" and v["health"] and v["processes"] >= 1
                        for v in d["models_seen"].values()))
     d["summary"] = (f"status --json {s * 1000:.0f} ms: {d['models_seen']}; "
@@ -512,14 +526,14 @@ def s6_drain(sc: Scenario) -> None:
     info = health(8299)
     d["stray"] = {"main": stray.pid, "workers": info["workers"]}
     d["before"] = {"memory_mib": mem(), "holders": holders(),
-                   "active": {u: show(u, "ActiveState") for u in ("left", "right")}}
+                   "active": {u: show(u, "ActiveState") for u in PAIR}}
     # This runner's own NVML handles hold /dev/nvidia*: let go of them, or
     # drain (which reaps every device holder) finds its own parent.
     _nvml_off()
     try:
         rc, s, out, err = sc.sh("infer-units drain --timeout 60s --term-grace 2s")
         d["drain"] = {"rc": rc, "seconds": round(s, 3), "stderr": err.splitlines()[-30:],
-                      "active_after": {u: show(u, "ActiveState") for u in ("left", "right")}}
+                      "active_after": {u: show(u, "ActiveState") for u in PAIR}}
         d["drain"]["holders_after"] = _fd_holders_count()
     finally:
         _nvml_on()
@@ -529,7 +543,7 @@ def s6_drain(sc: Scenario) -> None:
     d["start_while_drained"] = {"rc": rc_f, "stderr": err_f.splitlines()[-5:],
                                 "journal": sc.journal("left.service")[-6:]}
     d["after"] = {"memory_mib": mem(), "holders": holders(),
-                  "active": {u: show(u, "ActiveState") for u in ("left", "right")},
+                  "active": {u: show(u, "ActiveState") for u in PAIR},
                   "stray_workers_alive": [p for p in info["workers"] if alive(p)],
                   # drain reaps device holders; the stray's main process holds none
                   "stray_main_alive": alive(stray.pid)}
@@ -540,14 +554,14 @@ def s6_drain(sc: Scenario) -> None:
     # whether this build fences at all is what the run finds out.
     rc2, s2, _, err2 = sc.sh("infer-units resume")
     d["resume"] = {"rc": rc2, "seconds": round(s2, 3), "stderr": err2.splitlines()[-10:],
-                   "active": {u: show(u, "ActiveState") for u in ("left", "right")},
+                   "active": {u: show(u, "ActiveState") for u in PAIR},
                    "memory_mib": mem()}
     d["fence"] = {"start_while_drained_refused": rc_f != 0, "resume_rc": rc2}
-    sc.sh("systemctl stop left right")
+    sc.sh("systemctl stop " + " ".join(PAIR))
     d["ok"] = (rc == 0 and not d["after"]["stray_workers_alive"]
                and all(v != "active" for v in d["drain"]["active_after"].values())
                and d["drain"]["holders_after"] == 0)
-    d["summary"] = (f"drain rc {rc} in {s:.2f}s (2 models + a stray TERM-ignoring server), "
+    d["summary"] = (f"drain rc {rc} in {s:.2f}s ({len(PAIR)} model(s) + a stray TERM-ignoring server), "
                     f"device holders after: {d['drain']['holders_after']}; fence: start while drained "
                     f"rc {rc_f}, resume rc {rc2}")
 
@@ -693,6 +707,12 @@ def main() -> int:
         if only and name.split("_")[0] not in only:
             continue
         sc = Scenario(name)
+        needs = getattr(fn, "needs_gpus", 1)
+        if len(GPUS) < needs:
+            sc.data.update(ok=True, skipped=f"needs {needs} GPUs, this machine has {len(GPUS)}")
+            log(f"{name}: SKIP ({sc.data['skipped']})")
+            save()
+            continue
         t = time.monotonic()
         try:
             fn(sc)

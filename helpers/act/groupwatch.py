@@ -1,0 +1,188 @@
+"""`infer-units group-watch --model NAME`: run by infer-units-group@NAME.service
+next to an active rank of a multi-node model; restarts this rank through
+systemd the moment the group it belongs to is broken.
+
+No engine lets a rank rejoin a running group (torch.distributed's store
+takes no new rank), so once any rank goes away every other rank hangs (an
+NCCL collective on a dead peer) until it is restarted, and the [liveness]
+timer would notice only after interval x failures (2 minutes by default).
+The kernel knows sooner: every rank keeps its connection to the group's
+rendezvous (the TCPStore on the head's `addr` port) for the group's life.
+So, read once a second from /proc/net/tcp{,6} (no packet sent, nothing the
+engine sees):
+
+  head    the peers connected to its rendezvous port; one that was there
+          when the group formed and is gone (its process died: the kernel
+          closed the connection) means a rank crashed or restarted;
+  worker  its connection to the head's rendezvous; gone means the head went
+          away (restarted, stopped, crashed): this rank was left behind.
+
+Then `TryRestartUnit` (the same as liveness: ExecStopPost/ExecStartPre clean
+the GPUs; a worker parks in pre-start until the head forms a new group), and
+the group heals in about the head's load time.  Only while the model is
+active and running with no job queued; restarts here are not counted
+against [liveness] max-restarts (a head restarted three times would
+otherwise leave its workers failed), each is a journal line.
+"""
+
+from __future__ import annotations
+
+import socket
+import sys
+import time
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
+
+POLL_S = 1.0
+ESTABLISHED = "01"
+TABLES = ("/proc/net/tcp", "/proc/net/tcp6")
+
+
+def _address(hex_address: str) -> tuple[str, int]:
+    """/proc/net/tcp's "0100007F:1F90" -> ("127.0.0.1", 8080) (IPv4-mapped
+    IPv6 addresses as IPv4)."""
+    host, _, port = hex_address.partition(":")
+    raw = bytes.fromhex(host)
+    # the kernel prints each 32-bit word in host byte order
+    words = b"".join(raw[i:i + 4][::-1] for i in range(0, len(raw), 4))
+    if len(words) == 16:
+        if words[:12] == b"\0" * 10 + b"\xff\xff":
+            return socket.inet_ntop(socket.AF_INET, words[12:]), int(port, 16)
+        return socket.inet_ntop(socket.AF_INET6, words), int(port, 16)
+    return socket.inet_ntop(socket.AF_INET, words), int(port, 16)
+
+
+def established(tables: tuple[str, ...] = TABLES) -> list[tuple[tuple[str, int], tuple[str, int]]]:
+    """(local, remote) of every established TCP connection in this network namespace."""
+    found = []
+    for table in tables:
+        try:
+            with open(table, encoding="ascii") as f:
+                next(f, None)
+                for line in f:
+                    fields = line.split(None, 4)
+                    if len(fields) > 3 and fields[3] == ESTABLISHED:
+                        found.append((_address(fields[1]), _address(fields[2])))
+        except OSError:
+            continue
+    return found
+
+
+def resolve(host: str) -> set[str]:
+    try:
+        return {info[4][0] for info in socket.getaddrinfo(host, None, proto=socket.IPPROTO_TCP)}
+    except OSError:
+        return set()
+
+
+def group_peers(is_head: bool, port: int, head_addrs: set[str],
+                conns: list[tuple[tuple[str, int], tuple[str, int]]],
+                own_ranks: bool = False) -> set[str]:
+    """Head: the other hosts connected to its rendezvous port (not its own
+    ranks: a remote address that is the connection's own, or loopback).
+    Worker: "head" while it has a connection to the head's rendezvous."""
+    if is_head:
+        return {remote[0] for local, remote in conns
+                if local[1] == port and (own_ranks or (
+                    remote[0] != local[0] and not remote[0].startswith("127.")
+                    and remote[0] != "::1"))}
+    return {"head"} if any(remote[1] == port and remote[0] in head_addrs
+                           for _local, remote in conns) else set()
+
+
+SHORT = "(a rank)"      # fewer hosts connected than the group has
+
+
+class Watch:
+    """The decision, over successive looks at the connections.  `expected`:
+    how many peers a whole group shows (head: the other hosts; worker: 1).
+    The watch starts once the model is active, i.e. once the group formed,
+    so a group already short then is broken too."""
+
+    def __init__(self, expected: int = 0) -> None:
+        self.expected = expected
+        self.baseline: set[str] = set()
+        self.missing_since: dict[str, int] = {}
+
+    def look(self, peers: set[str]) -> set[str]:
+        """The peers of the formed group that are gone (two looks in a row,
+        so a reconnecting client is not a crash)."""
+        self.baseline |= peers
+        gone = self.baseline - peers
+        if len(peers) < self.expected:
+            gone = gone | {SHORT}
+        self.missing_since = {p: self.missing_since.get(p, 0) + 1 for p in gone}
+        found = {p for p, n in self.missing_since.items() if n >= 2}
+        if len(found) > 1:
+            found.discard(SHORT)    # the named ones say it better
+        return found
+
+    def reset(self) -> None:
+        self.baseline.clear()
+        self.missing_since.clear()
+
+
+def _journal(message: str, priority: int, unit: str) -> None:
+    from .liveness import journal_line
+    journal_line(message, priority, unit)
+
+
+def run(name: str, poll_s: float = POLL_S, systemd: Any = None,
+        looks: int | None = None) -> int:
+    from ...generator.loader import discover, load_model, search_path
+    from ...generator.model import build_model
+    from ..facts.systemd import Liveness as Systemd
+    from .liveness import WARNING
+    dirs = search_path()
+    path = discover(dirs)[0].get(name)
+    if path is None:
+        print(f"<3>{name}.service: no model file named {name}.toml", flush=True)
+        return 1
+    model = build_model(load_model(name, path, dirs))
+    nodes = model.nodes
+    if nodes is None:
+        print(f"<3>{model.unit_name}: not a multi-node model ([nodes])", flush=True)
+        return 1
+    unit = model.unit_name
+    systemd = systemd or Systemd()
+    head_addrs = resolve(nodes.addr_host)
+    what = (f"rank 0: the ranks connected to port {nodes.addr_port}" if nodes.is_head
+            else f"rank {nodes.rank}: its connection to the head's rendezvous {nodes.addr}")
+    print(f"<6>{unit}: watching {what}", flush=True)
+    watch = Watch(nodes.count - 1 if nodes.is_head else 1)
+    n = 0
+    while looks is None or n < looks:
+        n += 1
+        gone = watch.look(group_peers(nodes.is_head, nodes.addr_port, head_addrs, established()))
+        if gone:
+            state = systemd.model_state(unit)
+            if state is None or not state.serving:
+                watch.reset()       # loading, stopping: the group is forming anew
+                watch.missing_since.clear()
+            else:
+                why = ("a rank left the group (fewer hosts connected than it has)"
+                       if gone == {SHORT} else
+                       "rank(s) at " + ", ".join(sorted(gone)) + " left the group"
+                       if nodes.is_head else f"the head at {nodes.addr} left the group")
+                # Said first: the restart stops this watch too (PartOf=), at once.
+                _journal(f"liveness: restarting {unit}: {why} (no engine lets a rank "
+                         "rejoin a running group; group watch)", WARNING, unit)
+                failed = systemd.try_restart(unit)
+                if failed is None:
+                    return 0       # systemd restarts this watch with the model
+                print(f"<3>{unit}: could not restart it: {failed}", flush=True)
+        time.sleep(poll_s)
+    return 0
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 2 or argv[0] != "--model":
+        print("usage: infer-units group-watch --model NAME", file=sys.stderr)
+        return 1
+    return run(argv[1])
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

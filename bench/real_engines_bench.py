@@ -36,10 +36,10 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tests/e2e"))
+sys.path.insert(0, str(ROOT))
 
-from container import available  # noqa: E402
-from real_engines import (LOAD_TIMEOUT, RealBox, engine_core, engine_paths, first_2xx,  # noqa: E402
+from tests.e2e.container import available  # noqa: E402
+from tests.e2e.real_engines import (LOAD_TIMEOUT, RealBox, engine_core, engine_paths, first_2xx,  # noqa: E402
                           main_pid, monotonic, props, start_poller, state, wait_for)
 
 UNITS = {"vllm": ("vl-bench", 8000), "llamacpp": ("ll-bench", 8081)}

@@ -10,7 +10,7 @@ import socket
 import subprocess
 import time
 
-from support import PYTHON, base_env
+from .support import PYTHON, base_env
 
 # A loading server that ignores SIGTERM (vLLM 0.32 did, 20-25 s into its load).
 DEAF_SERVER = ("import signal, sys, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "

@@ -76,7 +76,7 @@ def accepts(address: str, port: int) -> bool:
             return False
 
 
-def _kill_loading_server(pidfd: int, pid: int, say) -> None:  # type: ignore[no-untyped-def]
+def _kill_loading_server(pidfd: int, pid: int, say) -> None:
     """The unit is stopped before the server became ready: it has nothing to
     drain, and it may ignore SIGTERM while it loads (vLLM did at 20-25 s into
     its load, then went on to serve), which would hold the stop for the whole
@@ -101,7 +101,7 @@ def _kill_loading_server(pidfd: int, pid: int, say) -> None:  # type: ignore[no-
 
 
 def wait_ready(url: str, pid: int | None, timeout: float, interval: float,
-               probe_timeout: float = 10.0, say=None) -> ReadyResult:  # type: ignore[no-untyped-def]
+               probe_timeout: float = 10.0, say=None) -> ReadyResult:
     """Wait for a 2xx from `url`.  SIGTERM while waiting (the unit stopped or
     restarted while the server loads) kills the loading server (pid) and
     returns stopped=True; once the server answered, SIGTERM is left to the

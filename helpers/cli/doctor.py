@@ -239,8 +239,9 @@ def _binary_findings(model: Any, spec: Any, who: str) -> list[Finding]:
 def _port_finding(model: Any) -> Finding | None:
     if model.port is None or "port" not in model.ports:
         return None
-    from ..facts.ports import can_bind, port_holders
-    holders = port_holders(model.port)
+    from ..facts.ports import can_bind, port_users
+    users = port_users(model.port)      # [(ProcInfo, how)]: [] free, None out of sight
+    holders = None if users is None else [info for info, _how in users]
     own = [h for h in holders or [] if h.unit == model.unit_name]
     if holders and len(own) == len(holders):
         return _model_finding("port", OK, f"port {model.port} is held by {model.unit_name} "

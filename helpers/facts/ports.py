@@ -31,7 +31,7 @@ def _diag(family: int, states: int) -> list[tuple[int, int, int]]:
     request = struct.pack("=BBBBI", family, socket.IPPROTO_TCP, 0, 0, states) + bytes(48)
     header = struct.pack("=IHHII", 16 + len(request), _SOCK_DIAG_BY_FAMILY,
                          _NLM_F_REQUEST_DUMP, 1, 0)
-    found = []
+    found: list[tuple[int, int, int]] = []
     with socket.socket(socket.AF_NETLINK, socket.SOCK_DGRAM, _NETLINK_SOCK_DIAG) as nl:
         nl.sendto(header + request, (0, 0))
         while True:

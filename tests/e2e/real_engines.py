@@ -22,8 +22,8 @@ import os
 import subprocess
 from pathlib import Path
 
-from container import Container
-from e2e_support import FAKE_GPU_COUNT, FAKE_TABLE, fake_gpu_table, wait_until
+from .container import Container
+from .e2e_support import FAKE_GPU_COUNT, FAKE_TABLE, fake_gpu_table, wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 BUILD = ROOT / "tools/engines/build"

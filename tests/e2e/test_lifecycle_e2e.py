@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from e2e_support import add_model, alive, engine_toml, holders, show, wait_until
+from .e2e_support import add_model, alive, engine_toml, holders, show, wait_until
 
 pytestmark = pytest.mark.e2e
 

@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from container import suites
-from real_engines import (LOAD_TIMEOUT, RealBox, engine_core, engine_paths, first_2xx, generate,
+from .container import suites
+from .real_engines import (LOAD_TIMEOUT, RealBox, engine_core, engine_paths, first_2xx, generate,
                           main_pid, monotonic, props, start_poller, state, unit_pids, wait_for)
 
 pytestmark = [pytest.mark.e2e, pytest.mark.skipif(

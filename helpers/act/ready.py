@@ -10,6 +10,7 @@ import socket
 import time
 import urllib.parse
 from dataclasses import dataclass
+from collections.abc import Callable
 
 from .progress import Progress
 
@@ -76,7 +77,7 @@ def accepts(address: str, port: int) -> bool:
             return False
 
 
-def _kill_loading_server(pidfd: int, pid: int, say) -> None:
+def _kill_loading_server(pidfd: int, pid: int, say: Callable[[str], None]) -> None:
     """The unit is stopped before the server became ready: it has nothing to
     drain, and it may ignore SIGTERM while it loads (vLLM did at 20-25 s into
     its load, then went on to serve), which would hold the stop for the whole
@@ -101,14 +102,15 @@ def _kill_loading_server(pidfd: int, pid: int, say) -> None:
 
 
 def wait_ready(url: str, pid: int | None, timeout: float, interval: float,
-               probe_timeout: float = 10.0, say=None) -> ReadyResult:
+               probe_timeout: float = 10.0,
+               say: Callable[[str], None] | None = None) -> ReadyResult:
     """Wait for a 2xx from `url`.  SIGTERM while waiting (the unit stopped or
     restarted while the server loads) kills the loading server (pid) and
     returns stopped=True; once the server answered, SIGTERM is left to the
     server (it drains) and this returns at once."""
     started = time.monotonic()
     deadline = started + timeout
-    say = say or (lambda message: None)
+    say = say or (lambda _message: None)
     pidfd: int | None = None
     ready = False
 

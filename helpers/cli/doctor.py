@@ -240,7 +240,7 @@ def _port_finding(model: Any) -> Finding | None:
     if model.port is None or "port" not in model.ports:
         return None
     from ..facts.ports import can_bind, port_users
-    users = port_users(model.port)      # [(ProcInfo, how)]: [] free, None out of sight
+    users = port_users(model.port)
     holders = None if users is None else [info for info, _how in users]
     own = [h for h in holders or [] if h.unit == model.unit_name]
     if holders and len(own) == len(holders):
@@ -248,7 +248,8 @@ def _port_finding(model: Any) -> Finding | None:
                               "itself (running)")
     if holders:
         return _model_finding("port", ERROR, f"port {model.port} is taken: "
-                              + "; ".join(h.describe()[:200] for h in holders),
+                              + "; ".join(f"{info.describe()[:200]} ({how})"
+                                          for info, how in users or []),
                               "stop that process, or give the model another `port`")
     if holders is None or not can_bind(model.host, model.port):
         return _model_finding("port", ERROR, f"port {model.port} is taken by a process out of "

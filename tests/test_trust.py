@@ -104,3 +104,49 @@ def test_p2p_selftest_as_root_model_drops_to_nobody_and_root_venv_works(
                                      INFER_UNITS_P2P_MIB="1"))
     assert done.returncode == 0, done.stderr
     assert "P2P on: every GPU pair copied" in done.stderr, done.stderr
+
+
+def test_cli_launcher_ignores_the_environment_a_unit_passes(public: Path) -> None:
+    """/usr/bin/infer-units (packaging/infer-units) runs isolated: a [env]
+    PYTHONPATH pointing at a user's directory does not run their code."""
+    launcher = Path(__file__).parent.parent / "packaging" / "infer-units"
+    marker = public / "ran"
+    (public / "sitecustomize.py").write_text(f"open({str(marker)!r}, 'w').write('pwned')\n")
+    (public / "usercustomize.py").write_text(f"open({str(marker)!r}, 'w').write('pwned')\n")
+    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(public), "PYTHONSTARTUP": str(public),
+           "PYTHONHOME": "/usr"}
+    subprocess.run([str(launcher), "--help"], env=env, cwd=public, capture_output=True,
+                   check=False, timeout=60)
+    assert not marker.exists()
+    assert launcher.read_text().splitlines()[0] == "#!/usr/bin/python3 -I"
+
+
+@pytest.mark.parametrize("key", ["LD_PRELOAD", "LD_LIBRARY_PATH", "GCONV_PATH"])
+def test_generator_refuses_loader_variables_that_would_reach_root_hooks(
+        tmp_path: Path, key: str) -> None:
+    etc = tmp_path / "etc"
+    etc.mkdir()
+    (etc / "m.toml").write_text(f'engine = "command"\ncommand = ["/bin/sleep", "1"]\n'
+                                f'gpus = [0]\n[env]\n{key} = "/home/u/lib"\n')
+    done = run_cli("check", "m", env=base_env(INFER_UNITS_CONFIG_PATH=str(etc)))
+    assert done.returncode == 1
+    assert "m.toml" in done.stderr and f"env: {key}" in done.stderr, done.stderr
+    assert "root hooks" in done.stderr
+
+
+@pytest.mark.parametrize("section,key,value,reason", [
+    ("service", "ExecStart", "/bin/true", "the server's argv is ExecStart"),
+    ("service", "Environment", "PYTHONPATH=/home/u", "reaches the root hooks"),
+    ("service", "After", "x.service", "[Unit] directive, not [Service]"),
+    ("unit", "Restart", "always", "[Service] directive, not [Unit]"),
+    ("install", "After", "x.service", "[Unit] directive, not [Install]"),
+])
+def test_raw_directives_in_the_wrong_section_or_undoing_the_unit_are_refused(
+        tmp_path: Path, section: str, key: str, value: str, reason: str) -> None:
+    etc = tmp_path / "etc"
+    etc.mkdir()
+    (etc / "m.toml").write_text(f'engine = "command"\ncommand = ["/bin/sleep", "1"]\n'
+                                f'[{section}]\n{key} = "{value}"\n')
+    done = run_cli("check", "m", env=base_env(INFER_UNITS_CONFIG_PATH=str(etc)))
+    assert done.returncode == 1
+    assert "m.toml" in done.stderr and key in done.stderr and reason in done.stderr, done.stderr

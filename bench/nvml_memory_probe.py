@@ -1,6 +1,6 @@
 """What NVML's "used" memory holds when no process is listed (the driver's
 reservation) versus a CUDA process's own usedGpuMemory: the baseline the
-unaccounted-memory check subtracts (helpers/gpumemory.py).
+unaccounted-memory check subtracts (helpers/facts/gpumemory.py).
 
 Run on a GPU host: python3 bench/nvml_memory_probe.py /path/to/torch/python
 (ctypes only; LD_LIBRARY_PATH must find libnvidia-ml.so.1).  Result on H200:

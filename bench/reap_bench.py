@@ -37,10 +37,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from infer_units.helpers.attribution import attribute  # noqa: E402
-from infer_units.helpers.gpus import NvmlBackend, backend, fd_holders  # noqa: E402
-from infer_units.helpers import reaper as reaper_module  # noqa: E402
-from infer_units.helpers.reaper import Reaper, ReapPolicy  # noqa: E402
+from infer_units.helpers.decide.attribution import attribute  # noqa: E402
+from infer_units.helpers.facts.gpus import NvmlBackend, backend, fd_holders  # noqa: E402
+from infer_units.helpers.act import reaper as reaper_module  # noqa: E402
+from infer_units.helpers.act.reaper import Reaper, ReapPolicy  # noqa: E402
 
 # One line per signal is right for the journal, noise for a benchmark.
 reaper_module._log = lambda message: None
@@ -199,7 +199,7 @@ def main() -> int:
                 raise RuntimeError
         except Exception:
             setup_fake(Path(tmp))
-            import infer_units.helpers.gpus as g
+            import infer_units.helpers.facts.gpus as g
             g._backend = None
             b = backend()
         print(f"backend: {b.name}; GPUs: {len(b.gpus())}; python {sys.version.split()[0]}")

@@ -30,9 +30,9 @@ def find_conflicts(models: list[Model]) -> list[ConfigError]:
             if all_owner is not None:
                 errors.append(_clash(m, "gpus", 'GPUs overlap gpus = "all"', all_owner))
             for key in keys:
-                other = gpu_owner.get(key)
-                if other is not None:
-                    errors.append(_clash(m, "gpus", f"GPU {key} also used", other))
+                owner = gpu_owner.get(key)
+                if owner is not None:
+                    errors.append(_clash(m, "gpus", f"GPU {key} also used", owner))
                 else:
                     gpu_owner[key] = m
         # Every port the model listens on: its own and the engine's helpers

@@ -79,11 +79,28 @@ def _show(text: object) -> str:
     return shown if len(shown) <= 60 else shown[:57] + "..."
 
 
-def format_seconds(seconds: float) -> str:
-    """A span systemd reads back exactly, to the microsecond ("90s", "1500ms", "250us").
+_LARGE = (("d", 86400), ("h", 3600), ("min", 60))
 
-    Whole units only: systemd's parser takes "1.5s" too, but an integer keeps
-    the text exact for any float we hand it."""
+
+def format_seconds(seconds: float, style: str = "exact") -> str:
+    """The one duration formatter.  style "exact": a span systemd reads back
+    exactly, to the microsecond ("90s", "1500ms", "250us"; units and --help
+    defaults); "large": the largest unit that divides it ("6h", "30s", for
+    log lines); "about": one decimal of the largest unit it reaches ("1.5h",
+    "42s", for an age in a table).
+
+    Exact uses whole units only: systemd's parser takes "1.5s" too, but an
+    integer keeps the text exact for any float we hand it."""
+    if style == "large":
+        for unit, size in _LARGE:
+            if seconds >= size and seconds % size == 0:
+                return f"{seconds / size:g}{unit}"
+        return f"{seconds:g}s"
+    if style == "about":
+        for unit, size in _LARGE:
+            if seconds >= size:
+                return f"{seconds / size:.1f}{unit}"
+        return f"{seconds:.0f}s"
     us = round(seconds * 1_000_000)
     if us % 1_000_000 == 0:
         return f"{us // 1_000_000}s"

@@ -279,10 +279,10 @@ def _existing_unit(unit: str) -> str | None:
                     _system_units[entry] = directory
             except OSError:
                 continue
-    directory = _system_units.get(unit)
-    if directory is None:
+    found = _system_units.get(unit)
+    if found is None:
         return None
-    path = os.path.join(directory, unit)
+    path = os.path.join(found, unit)
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)   # FIFOs must not block
         try:

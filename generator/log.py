@@ -24,7 +24,7 @@ import sys
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import TextIO
+    from typing import Any, TextIO
 
 LEVELS = {"emerg": 0, "alert": 1, "crit": 2, "err": 3, "warning": 4,
           "notice": 5, "info": 6, "debug": 7}
@@ -72,6 +72,40 @@ def stderr_is_for_people(stream: TextIO | None = None) -> bool:
     return False
 
 
+def say(priority: int, message: str, ident: str = "infer-units",
+        stream: TextIO | None = None) -> None:
+    """One line for the journal from a process systemd runs (a hook, the
+    liveness probe): a `<N>` syslog priority prefix, which journald reads
+    (SyslogLevelPrefix=) so `journalctl -p err` shows a refused start, and no
+    prefix on a terminal, where a person reads it."""
+    stream = sys.stderr if stream is None else stream
+    message = message.replace("\n", " ")
+    try:
+        tty = os.isatty(stream.fileno())
+    except (OSError, ValueError, AttributeError):
+        tty = False
+    head = f"{ident}: " if ident else ""
+    print(("" if tty else f"<{priority}>") + head + message, file=stream, flush=True)
+
+
+def journal_send(fields: dict[str, str], path: str = JOURNAL_SOCKET, sock: object = None) -> bool:
+    """One entry in journald's native protocol (FIELD=value, one a line);
+    False when the journal cannot be reached.  The one writer of the journal
+    socket: the generator and the liveness probe both use it."""
+    payload = "".join(f"{k}={v.replace(chr(10), ' ')}\n" for k, v in fields.items())
+    try:
+        import _socket   # the C module: socket.py would import enum, selectors
+        s = sock if sock is not None else _socket.socket(_socket.AF_UNIX, _socket.SOCK_DGRAM)
+        try:
+            s.sendto(payload.encode("utf-8", "replace"), path)  # type: ignore[attr-defined]
+        finally:
+            if sock is None:
+                s.close()  # type: ignore[attr-defined]
+        return True
+    except OSError:
+        return False
+
+
 class GeneratorLog:
     def __init__(self, ident: str = "infer-units-generator", kmsg: str = KMSG,
                  journal_socket: str = JOURNAL_SOCKET) -> None:
@@ -81,7 +115,7 @@ class GeneratorLog:
         self.journal_socket = journal_socket
         self.undelivered: list[tuple[int, str]] = []   # for the report unit
         self._kmsg: int | None = None
-        self._sock = None
+        self._sock: Any = None
         target = os.environ.get("SYSTEMD_LOG_TARGET", "auto").strip().lower()
         # "stderr", "kmsg", "journal" or "auto" (kmsg, else journal, else report)
         if target in ("console", "console-prefixed") or stderr_is_for_people():
@@ -110,17 +144,16 @@ class GeneratorLog:
         print(f"{self.ident}: {message}", file=sys.stderr)
 
     def _to_journal(self, level: int, message: str) -> bool:
-        """One datagram in journald's native protocol (fields, one a line)."""
-        payload = (f"MESSAGE={message}\nPRIORITY={level}\nSYSLOG_IDENTIFIER={self.ident}\n"
-                   f"SYSLOG_PID={os.getpid()}\n").encode("utf-8", "replace")
+        """One datagram in journald's native protocol, on one socket for the run."""
         try:
             if self._sock is None:
-                import _socket   # the C module: socket.py would import enum, selectors
+                import _socket
                 self._sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_DGRAM)
-            self._sock.sendto(payload, self.journal_socket)
-            return True
         except OSError:
             return False
+        return journal_send({"MESSAGE": message, "PRIORITY": str(level),
+                             "SYSLOG_IDENTIFIER": self.ident, "SYSLOG_PID": str(os.getpid())},
+                            self.journal_socket, self._sock)
 
     def error(self, message: str) -> None:
         self.log(LEVELS["err"], message)

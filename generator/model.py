@@ -56,6 +56,7 @@ class Model:
     service_directives: dict[str, list[str]]
     install_directives: dict[str, list[str]]
     liveness: Liveness | None       # [liveness]; None: off (interval = "0")
+    health_accept: tuple[str, ...]  # [health] accept: checks whose errors do not refuse
 
     def __init__(self, **fields: Any) -> None:
         missing = set(self.__annotations__) - set(fields)
@@ -188,7 +189,9 @@ def build_model(merged: MergedConfig) -> Model:
         unit_directives=values["unit"],
         service_directives=values["service"],
         install_directives=values["install"],
-        liveness=build_liveness(values, merged, _probe_timeout(values, spec)),
+        liveness=build_liveness(values, merged, _probe_timeout(values, spec),
+                                spec.liveness_probe),
+        health_accept=tuple(values["health.accept"]),
     )
 
 

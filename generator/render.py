@@ -165,12 +165,14 @@ def _exec_start_pre(m: Model) -> list[str]:
                  "--term-grace", format_seconds(m.reap_term_grace),
                  "--timeout", format_seconds(m.reap_timeout)]
         argv += _ignore_args(m)
+        if m.health_accept:
+            argv += ["--accept-health", ",".join(m.health_accept)]
     if "port" in m.ports:
         argv += ["--host", m.host, "--port", str(m.port)]
     if m.is_worker:
         assert m.nodes is not None
         # Parked here, holding no GPU, until the head forms a group: hosts may
-        # start in any order (helpers/rendezvous.py).
+        # start in any order (helpers/act/rendezvous.py).
         argv += ["--wait-rendezvous", m.nodes.addr, "--head-url", m.nodes.head_url]
     if pci or p2p:
         argv += ["--env-file", f"{ENV_FILE_DIR}/{m.name}.env"]

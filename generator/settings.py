@@ -17,8 +17,15 @@ if TYPE_CHECKING:
 
 ENGINES = ("sglang", "vllm", "trtllm", "tgi", "llamacpp", "command")
 
+# The GPU and host health checks pre-start applies (helpers/health.py; README
+# "GPU health"): the names `[health] accept` takes.
+HEALTH_CHECKS = ("remapped-rows", "retired-pages", "xid", "ecc", "persistence", "fabric", "mig",
+                 "hmm", "cc", "iommu", "acs", "nvidia-uvm")
+
 # Processes every reaper must leave alone; [reap] ignore adds to these.
 BUILTIN_IGNORE = ("nvidia-persistenced", "nv-hostengine", "dcgm-exporter")
+# [reap] foreign; also the choices of the hooks' and the CLI's --foreign.
+REAP_FOREIGN = ("kill", "wait", "fail")
 
 # Plain character sets, not regular expressions: `re` is not imported on the
 # generator's path.
@@ -431,6 +438,20 @@ def check_directives(value: Any) -> dict[str, list[str]]:
     return out
 
 
+def check_health_accept(value: Any) -> list[str]:
+    """[health] accept: names of health checks whose errors do not refuse a start."""
+    if not isinstance(value, list):
+        raise ValueError("expected a list of check names")
+    out: list[str] = []
+    for item in value:
+        if item not in HEALTH_CHECKS:
+            raise ValueError(f"{show(item)} is not a health check (known: "
+                             + ", ".join(HEALTH_CHECKS) + ")")
+        if item not in out:
+            out.append(item)
+    return out
+
+
 def check_choice(choices: tuple[str, ...]) -> Callable[[Any], str]:
     def check(value: Any) -> str:
         if value not in choices:
@@ -471,7 +492,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("env", check_server_env, {}, "Extra environment, verbatim, applied last."),
     Setting("nccl.p2p", check_choice(("on", "off", "auto")), "on",
             'on: NCCL decides; off: NCCL_P2P_DISABLE=1; auto: copy-and-compare self-test at start.'),
-    Setting("reap.foreign", check_choice(("kill", "wait", "fail")), "kill",
+    Setting("reap.foreign", check_choice(REAP_FOREIGN), "kill",
             "What to do with processes of no infer-units service on this model's GPUs."),
     Setting("reap.term-grace", check_duration, 10.0, "Time between SIGTERM and SIGKILL."),
     Setting("reap.timeout", check_duration, 60.0,
@@ -480,7 +501,10 @@ SETTINGS: tuple[Setting, ...] = (
             "Process names never touched, added to: " + ", ".join(BUILTIN_IGNORE) + "."),
     Setting("ready.url", check_url, None, "Health URL; default: the engine's."),
     Setting("ready.timeout", check_duration, 1200.0, "How long the server may take to load."),
-    Setting("ready.interval", check_duration, 1.0, "Time between health polls."),
+    Setting("ready.interval", check_duration, 0.05,
+            "Time between health requests once the port listens (until then a connect() "
+            "attempt every 50ms, which the server never sees); the unit is active within "
+            "about this long of the server's first 2xx."),
     Setting("ready.probe-timeout", check_duration, None,
             "How long one health request may take; default per engine (SGLang's /health "
             "generates a token: 30s; others 10s)."),
@@ -504,6 +528,9 @@ SETTINGS: tuple[Setting, ...] = (
             "Raw [Service] directives (they win over ours)."),
     Setting("install", lambda v: check_section(v, "install"), {},
             "[Install]: WantedBy=/RequiredBy= become .wants/.requires links."),
+    Setting("health.accept", check_health_accept, [],
+            "Health checks whose errors do not refuse a start (logged as warnings), e.g. "
+            '["xid"] after a GPU reset; names as `infer-units doctor` prints them.'),
     Setting("liveness.interval", check_duration, 30.0,
             "Time between health probes once the unit is active; \"0\" turns liveness off."),
     Setting("liveness.failures", check_positive_int, 4,
@@ -511,6 +538,12 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("liveness.timeout", check_duration, None,
             "How long one probe may take (a slower or non-2xx answer fails it); default: "
             "[ready] probe-timeout (per engine: SGLang 30s, others 10s)."),
+    Setting("liveness.probe", check_choice(("health", "generate")), None,
+            "health: GET the health URL; generate: POST a one-token completion to the "
+            "engine's OpenAI-compatible /v1/completions (max_tokens 1), so a server whose "
+            "health endpoint answers while its engine is broken is restarted; default per "
+            "engine (vLLM and llama.cpp: generate, their /health reads a flag (vllm#36960); "
+            "SGLang and TGI: health, theirs already generates)."),
     Setting("liveness.max-restarts", check_int, 3,
             "Liveness restarts allowed within restart-window; one more hang and the unit is "
             "stopped and left failed."),
@@ -519,8 +552,16 @@ SETTINGS: tuple[Setting, ...] = (
 )
 
 BY_KEY: dict[str, Setting] = {s.key: s for s in SETTINGS}
+
+
+def default(key: str) -> Any:
+    """The default of a dotted key ("reap.term-grace"): the hooks' and the CLI's
+    options take theirs from here, so each default is declared once."""
+    return BY_KEY[key].default
+
+
 # Tables whose own keys are fixed (others are free-form: env, unit, service, install).
-FIXED_TABLES = ("reap", "ready", "stop", "nodes", "liveness")
+FIXED_TABLES = ("reap", "ready", "stop", "nodes", "liveness", "health")
 
 
 def reference_markdown() -> str:

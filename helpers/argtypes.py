@@ -1,5 +1,5 @@
 """Command-line values, checked before use: each bad one is one line and exit 1
-(argparse in hooks.py, click in cli_gpu.py), never a traceback from deep
+(argparse in hooks/unit.py, click in cli/options.py), never a traceback from deep
 inside (a port over 65535 used to reach bind(), a URL without a scheme
 urlopen(), pid -1 pidfd_open()).  Each function raises ValueError with the
 reason; callers name the option."""
@@ -62,7 +62,27 @@ def http_url(text: str) -> str:
     return text
 
 
+def count(text: str) -> int:
+    """A whole number >= 0 (failures, max-restarts)."""
+    return _ascii_number(text, "count")
+
+
+def unit_name(name: str) -> str:
+    """A unit named without its suffix is a service ("m" -> "m.service")."""
+    return name if name.endswith((".service", ".scope")) else name + ".service"
+
+
 def unit(text: str) -> str:
     if not text or not text.isprintable() or "/" in text or text.strip() != text:
         raise ValueError(f"bad unit name {text!r}")
     return text
+
+
+def health_checks(text: str) -> tuple[str, ...]:
+    """"xid,remapped-rows": names of health checks ([health] accept)."""
+    from ..generator.settings import HEALTH_CHECKS
+    names = tuple(n.strip() for n in text.split(",") if n.strip())
+    for name in names:
+        if name not in HEALTH_CHECKS:
+            raise ValueError(f"{name!r} is not a health check (known: {', '.join(HEALTH_CHECKS)})")
+    return names

@@ -1,5 +1,5 @@
 """`infer-units`: the hooks units run on every start and stop go straight to
-argparse (helpers/hooks.py); everything else goes to the click CLI.
+argparse (helpers/hooks/unit.py); everything else goes to the click CLI.
 
 Whatever escapes a command is one line on stderr and exit 1, never a
 traceback in the journal (INFER_UNITS_DEBUG=1 shows it)."""
@@ -9,25 +9,15 @@ from __future__ import annotations
 import os
 import sys
 
-
-# The commands generated units run (hooks.py COMMANDS), with a line each for
-# the click tree: one list, so a new hook is hidden from --help, the man page
-# and the README's table, and reaches argparse without click, by adding it here.
-HOOKS = {
-    "pre-start": "ExecStartPre: reap, wait for GPUs and port, P2P self-test.",
-    "wait-ready": "ExecStartPost: wait for health; fail at once if the server dies.",
-    "wait-free": "ExecStopPost: wait until the GPUs are free; report what holds them.",
-    "liveness-probe": "<name>-liveness.service: probe health; restart the model after "
-                      "[liveness] failures.",
-}
+from .commands import HOOKS
 
 
 def _run() -> None:
     argv = sys.argv[1:]
-    if argv and argv[0] in HOOKS:
-        from .hooks import run
+    if argv and argv[0] in HOOKS:        # the unit hooks: argparse, no click
+        from .hooks.unit import run
         sys.exit(run(argv))
-    from .cli import main as cli_main
+    from .cli.root import main as cli_main
     cli_main()
 
 

@@ -59,7 +59,7 @@ class FakeGpus:
              "device": str(self.devices[i]), "memory_mib": 143771} for i in range(count)]}))
 
     def env(self, **extra: str) -> dict[str, str]:
-        # Start claims (helpers/gpulock.py) go under the test's directory, not /run.
+        # Start claims (helpers/decide/claims.py) go under the test's directory, not /run.
         extra.setdefault("INFER_UNITS_RUN_DIR", str(self.dir / "run"))
         return base_env(INFER_UNITS_FAKE_GPUS=str(self.table), **extra)
 
@@ -112,10 +112,16 @@ class Holder:
             self.proc.wait()
 
 
-def wait_until(predicate, timeout: float = 10.0, step: float = 0.02) -> bool:
+def wait_until(predicate, timeout: float = 10.0, step: float = 0.02,
+               max_step: float = 0.2) -> bool:
+    """The tests' one wait: poll `predicate` until it holds or `timeout`
+    passes; its last answer.  Polls every `step` at first, backing off to
+    `max_step` (a check that runs a command in a container is not free),
+    so a quick state is seen at once and a slow one costs little."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if predicate():
             return True
         time.sleep(step)
-    return predicate()
+        step = min(step * 1.5, max(max_step, step))
+    return bool(predicate())

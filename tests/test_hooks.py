@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 
-from support import PYTHON, FakeGpus, base_env, run_cli
+from .support import PYTHON, FakeGpus, base_env, run_cli
 
 FAKE_TORCH = Path(__file__).parent / "fake_torch"
 
@@ -34,15 +34,24 @@ class _Health(http.server.BaseHTTPRequestHandler):
         pass
 
 
-def serve_later(port: int, delay: float) -> threading.Thread:
+class _Later(threading.Thread):
+    bound: threading.Event
+
+
+def serve_later(port: int, delay: float) -> _Later:
+    """Answer two health requests on `port` after `delay`; `.bound` is set once
+    it listens.  Each request is waited for as long as a busy machine needs
+    (a CLI's start-up), not a fixed few seconds."""
     def run() -> None:
         time.sleep(delay)
         server = http.server.HTTPServer(("127.0.0.1", port), _Health)
-        server.timeout = 5
+        t.bound.set()
+        server.timeout = 300
         server.handle_request()
         server.handle_request()
         server.server_close()
-    t = threading.Thread(target=run, daemon=True)
+    t = _Later(target=run, daemon=True)
+    t.bound = threading.Event()
     t.start()
     return t
 
@@ -216,8 +225,7 @@ def test_status_json_schema_without_systemd(fake_gpus: FakeGpus, holders, tmp_pa
     port = free_port()
     (etc / "m.toml").write_text(f'engine = "sglang"\nmodel = "/m"\ngpus = [2, 3]\nport = {port}\n')
     h = holders([fake_gpus.devices[3]])
-    serve_later(port, 0)
-    time.sleep(0.2)
+    assert serve_later(port, 0).bound.wait(60)
     env = fake_gpus.env(INFER_UNITS_CONFIG_PATH=str(etc), DBUS_SYSTEM_BUS_ADDRESS="unix:path=/nonexistent")
     report = json.loads(run_cli("status", "--json", env=env, check=1).stdout)
     assert report["schema"] == 1 and report["errors"] == []

@@ -14,8 +14,8 @@ from typing import Callable
 
 import pytest
 
-from support import PYTHON, base_env, run_cli
-from unitfile import environment, exec_argv, values
+from .support import PYTHON, base_env, run_cli
+from .unitfile import environment, exec_argv, values
 
 GOOD = 'engine = "command"\ncommand = ["/opt/srv/serve"]\ngpus = [7]\n'
 BASE = 'engine = "sglang"\nmodel = "/m"\ngpus = [0]\nport = 8000\n'
@@ -244,16 +244,34 @@ def test_unreadable_search_directory_is_one_line(tmp_path: Path) -> None:
     assert (out / "good.service").exists()
 
 
-@pytest.mark.skipif(os.geteuid() == 0, reason="root reads any file")
-def test_unreadable_file_is_one_line(tmp_path: Path) -> None:
-    etc, units = make_tree(tmp_path, {"bad.toml": BASE})
+def test_unreadable_file_is_one_line(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """Root reads any file, and CI runs as root: the generator runs here as
+    nobody (uid 65534), in a tree it can read but for the one file."""
+    import tempfile
+    if os.geteuid() == 0:
+        # pytest's own temporary directories are 0700 root's: use one nobody can enter
+        tmp = Path(tempfile.mkdtemp(prefix="infer-units-unreadable-"))
+        tmp.chmod(0o755)
+        user: int | None = 65534
+    else:
+        tmp, user = tmp_path_factory.mktemp("unreadable"), None
+    etc, units = make_tree(tmp, {"bad.toml": BASE})
+    for path in (etc, units, *units.rglob("*")):
+        path.chmod(0o755 if path.is_dir() else 0o644)
+    (etc / "good.toml").chmod(0o644)
     (etc / "bad.toml").chmod(0)
-    out = tmp_path / "out"
+    out = tmp / "out"
     out.mkdir()
+    if user is not None:
+        os.chown(out, user, user)
     done = subprocess.run([PYTHON, "-m", "infer_units.generator.main", str(out)],
-                          capture_output=True, text=True, timeout=60, env=env_for(etc, units))
-    assert f"{etc}/bad.toml: cannot read: Permission denied" in done.stderr
+                          capture_output=True, text=True, timeout=60, env=env_for(etc, units),
+                          user=user, group=user, extra_groups=[] if user is not None else None)
+    assert f"{etc}/bad.toml: cannot read: Permission denied" in done.stderr, done.stderr
     assert (out / "good.service").exists()
+    if user is not None:
+        import shutil
+        shutil.rmtree(tmp)
 
 
 def test_a_unit_this_generator_wrote_is_not_a_system_unit(tmp_path: Path) -> None:

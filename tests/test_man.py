@@ -13,7 +13,7 @@ from pathlib import Path
 import click
 import pytest
 
-from support import PYTHON, ROOT, base_env
+from .support import PYTHON, ROOT, base_env
 
 PAGES = ("infer-units.1", "infer-units.toml.5", "infer-units-generator.8")
 
@@ -45,10 +45,10 @@ def test_toml_page_has_every_key_with_its_default(pages: dict[str, str]) -> None
 
 
 def test_cli_page_has_every_command_option_and_hook(pages: dict[str, str]) -> None:
-    from infer_units.helpers.cli import main
-    from infer_units.helpers.entry import HOOKS
+    from infer_units.helpers.cli.root import all_commands
+    from infer_units.helpers.commands import HOOKS
     page = pages["infer-units.1"]
-    for name, command in main.commands.items():
+    for name, command in all_commands().items():
         if command.hidden:
             continue
         assert re.search(rf"^\.B {re.escape(roff(name))}\b", page, re.M), name
@@ -77,10 +77,10 @@ def test_the_package_build_generates_and_installs_the_three_pages() -> None:
 
 
 def test_readme_command_table_is_generated_from_the_click_tree() -> None:
-    reference = subprocess.run([PYTHON, "-m", "infer_units.helpers.clidoc"], capture_output=True,
+    reference = subprocess.run([PYTHON, str(ROOT / "tools/clidoc.py")], capture_output=True,
                                text=True, env=base_env(), check=True).stdout
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
     assert reference.strip() in readme, "README's command table is stale: paste " \
-        "`python3 -m infer_units.helpers.clidoc` into its Commands section"
+        "`python3 tools/clidoc.py` into its Commands section"
     for line in reference.splitlines()[2:]:
         assert not line.startswith(("| `pre-start", "| `wait-ready", "| `wait-free"))

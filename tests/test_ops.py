@@ -8,12 +8,13 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import sys
 from pathlib import Path
 
 import click
 import pytest
 
-from support import PYTHON, ROOT, FakeGpus, base_env, run_cli, wait_until
+from .support import PYTHON, ROOT, FakeGpus, base_env, run_cli, wait_until
 
 MODEL = 'engine = "command"\ncommand = ["/bin/true"]\ngpus = [{gpu}]\nport = {port}\n'
 
@@ -83,7 +84,7 @@ def test_dry_run_predicts_exactly_what_drain_does(fake_gpus: FakeGpus, holders) 
 
 
 def test_module_users_from_proc_modules_when_refcnt_is_absent(tmp_path: Path) -> None:
-    from infer_units.helpers.drain import describe_module, module_users
+    from infer_units.helpers.act.drain import describe_module, module_users
     refcnt, modules = tmp_path / "refcnt", tmp_path / "modules"
     modules.write_text("nvidia_uvm 1527808 4 - Live 0x0 (POE)\n"
                        "nvidia 56209408 37 nvidia_uvm,nvidia_modeset, Live 0x0 (POE)\n")
@@ -102,12 +103,12 @@ def test_module_users_from_proc_modules_when_refcnt_is_absent(tmp_path: Path) ->
 # ---------------------------------------------------------------- CLI style
 
 def _commands() -> dict[str, click.Command]:
-    from infer_units.helpers.cli import main
-    return dict(main.commands)
+    from infer_units.helpers.cli.root import all_commands
+    return all_commands()
 
 
 def test_hooks_are_hidden_and_every_option_has_help_and_its_default() -> None:
-    from infer_units.helpers.entry import HOOKS
+    from infer_units.helpers.commands import HOOKS
     commands = _commands()
     listed = run_cli("--help", check=0).stdout
     for hook in HOOKS:
@@ -118,16 +119,35 @@ def test_hooks_are_hidden_and_every_option_has_help_and_its_default() -> None:
         for param in command.params:
             if isinstance(param, click.Option) and param.name != "help":
                 assert param.help, f"{command.name} {param.opts[0]} has no help"
-        text = run_cli(command.name, "--help", check=0).stdout
-        for param in command.params:
-            if (isinstance(param, click.Option) and not param.is_flag
-                    and param.default not in (None, ())):
-                shown = param.show_default if isinstance(param.show_default, str) \
-                    else param.default
-                joined = " ".join(text.split())     # click 8.1 puts a text default in ()
-                assert f"[default: {shown}]" in joined or f"[default: ({shown})]" in joined, \
-                    (command.name, param.opts[0], text)
+    # The defaults as the man page and the README's table state them
+    # (tools/clidoc.py reads click's Sentinel of 8.3 and None of 8.1 alike),
+    # each shown by --help.
+    docs = {doc.name: doc for doc in _clidoc().commands()}
+    for command in visible:
+        text = " ".join(run_cli(command.name, "--help", check=0).stdout.split())
+        shown = [o for o in docs[command.name].options if o.default]
+        for option in shown:
+            # click 8.1 puts a text default in ()
+            assert f"[default: {option.default}]" in text or \
+                f"[default: ({option.default})]" in text, (command.name, option.flags, text)
         assert ".0]" not in text, f"{command.name}: a duration shown as seconds: {text}"
+    # and what they are: the model file's defaults (generator/settings.py), declared once
+    from infer_units.generator.durations import format_seconds
+    from infer_units.generator.settings import default
+    reap = {o.flags.split()[0]: o.default for o in docs["reap"].options}
+    assert reap["--foreign"] == default("reap.foreign") == "kill"
+    assert reap["--term-grace"] == format_seconds(default("reap.term-grace")) == "10s"
+    assert reap["--timeout"] == format_seconds(default("reap.timeout")) == "60s"
+
+
+def _clidoc():  # type: ignore[no-untyped-def]
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("clidoc", ROOT / "tools/clidoc.py")
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["clidoc"] = module      # its dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
 
 
 def test_durations_in_help_are_durations() -> None:
@@ -192,5 +212,5 @@ def _model(state: str | None) -> dict:
     (["active"], ["ghost"], 1),
 ])
 def test_status_exit_codes(states: list, unknown: list, code: int) -> None:
-    from infer_units.helpers.status import exit_code
+    from infer_units.helpers.cli.status import exit_code
     assert exit_code({"models": [_model(s) for s in states], "unknown": unknown}) == code

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from infer_units.generator.paths import DEB_CLI, installed_cli
-from support import ROOT, base_env
-from unitfile import split_words, values
+from .support import ROOT, base_env
+from .unitfile import split_words, values
 
 SYSTEM_PYTHON = "/usr/bin/python3"
 MODEL = 'engine = "command"\ncommand = ["/bin/serve"]\ngpus = [0]\nport = 18400\n'
@@ -85,7 +85,7 @@ def venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
         pytest.skip(f"python3 -m venv: {made.stderr.strip()[-200:]} (apt-get install python3-venv)")
     # A copy: setuptools builds in the source tree (build/, *.egg-info).
     src = path.parent / "src"
-    shutil.copytree(ROOT, src, ignore=shutil.ignore_patterns(
+    shutil.copytree(ROOT, src, symlinks=True, ignore=shutil.ignore_patterns(
         ".git", "build", "dist", "*.egg-info", "__pycache__", ".pytest_cache"))
     # Offline: Debian's setuptools and the dependencies come from the system site.
     done = subprocess.run([str(path / "bin/python"), "-m", "pip", "install", "-q", "--no-deps",
@@ -124,6 +124,30 @@ def test_venv_install_generates_units_that_call_its_cli(venv: Path, tmp_path: Pa
     ran = subprocess.run([hooks[0][0], "pre-start", "--help"], capture_output=True, text=True,
                          timeout=60, cwd="/", env=_clean_env())
     assert ran.returncode == 0 and "usage" in ran.stdout.lower(), ran.stderr
+
+
+def _modules(top: Path) -> set[str]:
+    return {os.path.relpath(os.path.join(d, f), top)
+            for d, _dirs, files in os.walk(top, followlinks=True) if "__pycache__" not in d
+            for f in files if f.endswith((".py", ".j2"))}
+
+
+def test_the_checkout_imports_the_installed_tree(venv: Path) -> None:
+    """infer_units/generator, helpers, units and _vendor are symlinks to the
+    design card's folders: a checkout imports the same files under the same
+    names as an install (a subpackage missing from setup.cfg, or a module only
+    the checkout has, fails here)."""
+    installed = next(venv.glob("lib/python3*/site-packages/infer_units"))
+    checkout = ROOT / "infer_units"
+    for name, folder in (("generator", "generator"), ("helpers", "helpers"),
+                         ("units", "units"), ("_vendor", "vendor")):
+        assert (checkout / name).resolve() == (ROOT / folder).resolve(), name
+    # pynvml.py is put in vendor/ by build-deb only, never committed
+    assert _modules(installed) == _modules(checkout) - {"_vendor/pynvml.py"}
+    done = subprocess.run([SYSTEM_PYTHON, "-c", "import infer_units._vendor, "
+                           "infer_units.helpers.facts.gpus as g; print(g.__file__)"],
+                          cwd="/", env=base_env(), capture_output=True, text=True, timeout=60)
+    assert done.stdout.strip() == str(checkout / "helpers/facts/gpus.py"), done.stderr
 
 
 def test_without_pystemd_status_says_so(tmp_path: Path) -> None:

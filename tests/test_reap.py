@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from support import FakeGpus, run_cli, wait_until
+from .support import FakeGpus, run_cli, wait_until
 
 SYSTEMD_V1 = Path("/sys/fs/cgroup/systemd")
 FREEZER_V1 = Path("/sys/fs/cgroup/freezer")
@@ -343,8 +343,8 @@ def test_with_a_cheap_backend_the_killed_process_letting_go_ends_the_wait(
     """The NVML path after SIGKILL (users() asked every few ms, not only the
     pidfd), on the fake backend made to say it is cheap: a TERM-ignoring
     holder is killed, the reap returns clean, nothing else is signalled."""
-    from infer_units.helpers.gpus import FakeBackend, select
-    from infer_units.helpers.reaper import Reaper, ReapPolicy
+    from infer_units.helpers.facts.gpus import FakeBackend, select
+    from infer_units.helpers.act.reaper import Reaper, ReapPolicy
 
     class CheapFake(FakeBackend):
         cheap_users = True

@@ -7,7 +7,7 @@ import socket
 import threading
 import time
 
-from infer_units.helpers.rendezvous import head_state, wait_rendezvous
+from infer_units.helpers.act.rendezvous import head_state, wait_rendezvous
 
 
 def listener() -> socket.socket:
@@ -43,6 +43,8 @@ def test_worker_parks_until_the_head_forms_a_group() -> None:
     said: list[str] = []
     opened: list[float] = []
 
+    joined = threading.Event()
+
     def head_comes_up() -> None:
         time.sleep(0.6)
         s = socket.socket()
@@ -50,12 +52,15 @@ def test_worker_parks_until_the_head_forms_a_group() -> None:
         s.bind(("127.0.0.1", port))
         s.listen()
         opened.append(time.monotonic())
-        time.sleep(2)
+        joined.wait(60)         # forming a group until the worker saw it, however busy
         s.close()
 
     threading.Thread(target=head_comes_up, daemon=True).start()
     url = f"http://127.0.0.1:{free_port()}/health"
-    assert wait_rendezvous(f"127.0.0.1:{port}", url, said.append, timeout=10, poll_s=0.05)
+    try:
+        assert wait_rendezvous(f"127.0.0.1:{port}", url, said.append, timeout=60, poll_s=0.05)
+    finally:
+        joined.set()
     assert opened and time.monotonic() >= opened[0]
     assert any("parked until the head forms a group" in line for line in said)
     assert "is forming a group" in said[-1]

@@ -1,72 +1,32 @@
 """Reading generated unit files back the way systemd does, for assertions:
 sections, directives, and Exec/Environment words unquoted (C escapes, %%, $$).
-The end-to-end tests prove the same against real systemd."""
+
+The one unit-file reader is tools/systemd_exec.py (independent of the
+generator, so a quoting bug there cannot hide itself); this is the tests'
+short form of it.  The end-to-end tests prove the same against real systemd."""
 
 from __future__ import annotations
 
-_ESC = {"n": "\n", "t": "\t", "r": "\r", "\\": "\\", '"': '"', "'": "'", "a": "\a",
-        "b": "\b", "f": "\f", "v": "\v", "s": " "}
+import sys
+from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tools"))
 
-def parse_unit(text: str) -> dict[str, list[tuple[str, str]]]:
-    sections: dict[str, list[tuple[str, str]]] = {}
-    current = None
-    for line in text.splitlines():
-        if not line.strip() or line.startswith(("#", ";")):
-            continue
-        if line.startswith("[") and line.endswith("]"):
-            current = line[1:-1]
-            sections.setdefault(current, [])
-            continue
-        key, _, value = line.partition("=")
-        assert current is not None, line
-        sections[current].append((key.strip(), value.strip()))
-    return sections
+import systemd_exec  # noqa: E402
+
+parse_unit = systemd_exec.parse_unit
 
 
 def values(text: str, section: str, key: str) -> list[str]:
-    return [v for k, v in parse_unit(text).get(section, []) if k == key]
+    return systemd_exec.values(parse_unit(text), section, key)
 
 
 def split_words(value: str, exec_line: bool) -> list[str]:
-    """systemd's extract_first_word with UNQUOTE|CUNESCAPE, then %% and $$."""
-    words: list[str] = []
-    i, n = 0, len(value)
-    while i < n:
-        while i < n and value[i] in " \t":
-            i += 1
-        if i >= n:
-            break
-        word: list[str] = []
-        quote = None
-        while i < n:
-            c = value[i]
-            if quote is None and c in " \t":
-                break
-            if c in "\"'" and (quote is None or quote == c):
-                quote = None if quote else c
-                i += 1
-                continue
-            if c == "\\" and i + 1 < n:
-                e = value[i + 1]
-                if e == "x":
-                    word.append(chr(int(value[i + 2:i + 4], 16)))
-                    i += 4
-                    continue
-                word.append(_ESC.get(e, e))
-                i += 2
-                continue
-            word.append(c)
-            i += 1
-        assert quote is None, f"unterminated quote in {value!r}"
-        words.append("".join(word))
-    out = []
-    for w in words:
-        w = w.replace("%%", "%")
-        if exec_line:
-            w = w.replace("$$", "$")
-        out.append(w)
-    return out
+    """systemd's extract_first_word with UNQUOTE|CUNESCAPE after specifiers;
+    on an Exec line `$$` is then `$` (no variable is expanded here)."""
+    words = systemd_exec.split_words(value.replace("%%", "\0"))
+    words = [w.replace("\0", "%") for w in words]
+    return [w.replace("$$", "$") for w in words] if exec_line else words
 
 
 def exec_argv(value: str) -> list[str]:

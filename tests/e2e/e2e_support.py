@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import json
-import time
+
+from ..support import wait_until  # noqa: F401  (the tests' one wait helper, re-exported)
 
 FAKE_GPU_COUNT = 6
 FAKE_TABLE = "/etc/infer-units/fakegpus.json"
@@ -91,11 +92,3 @@ def add_model(box, name: str, text: str) -> None:
     box.write(f"/etc/infer-units/{name}.toml", text)
 
 
-def wait_until(predicate, timeout: float = 10.0, step: float = 0.2) -> bool:
-    """Poll `predicate` until it holds or `timeout` passes; its last answer."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(step)
-    return bool(predicate())

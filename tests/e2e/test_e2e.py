@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from e2e_support import add_model, alive, holders, model_toml, show, wait_until
+from .e2e_support import add_model, alive, holders, model_toml, show, wait_until
 
 pytestmark = pytest.mark.e2e
 
@@ -113,14 +113,28 @@ def test_another_service_on_the_gpus_blocks_the_start(box) -> None:
     log = box.journal("gamma.service")
     assert "belongs to infer-units service alpha.service" in log
     assert "start of gamma.service refused; no automatic restart" in log
-    # the hook leaves with "blocked" itself, not killed by its cancelled job's SIGTERM
-    pre = show(box, "gamma.service", "ExecStartPre")["ExecStartPre"]
-    assert "code=exited ; status=2" in pre, pre
+    # at priority err (the hooks' <3> prefix): `journalctl -p err` shows why
+    errors = box.sh("journalctl -b -q -o cat -p err -u gamma.service").stdout
+    assert "start of gamma.service refused" in errors and "blocked:" in errors, errors
+    # The hook leaves with "blocked" itself, not killed by its cancelled job's
+    # SIGTERM.  `systemctl start` returns when the job is cancelled, which can
+    # be before the hook has exited and systemd has recorded its status: wait
+    # for that state (code=(null) until then), with no job left on the unit.
+    def settled() -> dict[str, str]:
+        return show(box, "gamma.service", "ExecStartPre", "Job", "ActiveState", "SubState",
+                    "NRestarts")
+    def recorded() -> bool:
+        props = settled()
+        return "code=(null)" not in props["ExecStartPre"] and not props.get("Job")
+    assert wait_until(recorded, timeout=60), settled()
+    props = settled()
+    assert "code=exited ; status=2" in props["ExecStartPre"], props
     # Restart=on-failure must not retry a refused start (and take the GPUs
-    # unasked once alpha stops).
-    time.sleep(3)   # RestartSec is 1s in these models
-    props = show(box, "gamma.service", "NRestarts", "ActiveState")
+    # unasked once alpha stops): a retry would show now as SubState
+    # auto-restart (systemd enters it when the hook fails, RestartSec before
+    # the new start), no sleep needed to see it.
     assert props["NRestarts"] == "0" and props["ActiveState"] in ("failed", "inactive"), props
+    assert props["SubState"] in ("dead", "failed"), props
     assert {h["pid"] for h in holders(box, "0,1")} == before
     assert show(box, "alpha.service", "ActiveState")["ActiveState"] == "active"
     box.sh("systemctl reset-failed gamma", check=False)

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from e2e_support import FAKE_TABLE, FAKES, show, wait_until
-from multihost import HOSTS, Group
+from .e2e_support import FAKE_TABLE, FAKES, show, wait_until
+from .multihost import HOSTS, Group
 
 pytestmark = pytest.mark.e2e
 
@@ -137,8 +137,17 @@ def test_kill_9_of_a_worker_recovers_the_group(group: Group) -> None:
     pid = state(group, victim)["MainPID"]
     started = time.monotonic()
     group[victim].sh(f"kill -9 {pid}")
-    wait_for(lambda: state(group, victim)["MainPID"] not in (pid, "0") or not group_up(group), 30)
-    wait_for(lambda: group_up(group), 120)
+    # systemd saw the death (its MainPID is no longer the killed one), then the
+    # group is healthy with the victim back: a new server, running.
+    wait_for(lambda: state(group, victim)["MainPID"] != pid, 30)
+
+    def back() -> bool:
+        now = state(group, victim)
+        return (now["MainPID"] not in (pid, "0") and now["SubState"] == "running"
+                and group_up(group))
+    wait_for(back, 120)
+    new = state(group, victim)["MainPID"]
+    assert group[victim].sh(f"kill -0 {new}", check=False).returncode == 0, new
     print(f"kill -9 of a worker -> group healthy again in {time.monotonic() - started:.1f}s")
 
 

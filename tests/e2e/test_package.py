@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from e2e_support import model_toml
+from .e2e_support import model_toml
 
 pytestmark = pytest.mark.e2e
 
@@ -120,7 +120,7 @@ def test_upgrade_from_0_1_0_starts_and_stops_nothing(box, first_release_deb: Pat
            f" && test -f {doc}/README.md.gz && grep -q '^nvidia-ml-py ' {doc}/BUNDLED")
     # the pure-Python package serves this suite's python3 (3.11 on bookworm, 3.13 on trixie)
     box.sh("test -f /usr/lib/python3/dist-packages/infer_units/generator/main.py && "
-           "python3 -c 'import infer_units.helpers.cli'")
+           "python3 -c 'import infer_units.helpers.cli.root'")
     box.keeper_pid = pid  # type: ignore[attr-defined]
 
 

@@ -1,4 +1,4 @@
-"""A CPU stand-in for the few torch calls of helpers/p2p_selftest.py, to test
+"""A CPU stand-in for the few torch calls of helpers/act/p2p_selftest.py, to test
 the corruption path without GPUs.  FAKE_TORCH_CORRUPT="0>1,2>3" flips one word
 in every copy from device 0 to 1 (and 2 to 3); FAKE_TORCH_FAIL="1>0" raises."""
 

@@ -30,7 +30,7 @@ FAKE = os.environ.get("IU_FAKE_GPUS") == "1"
 if FAKE:
     os.environ["INFER_UNITS_FAKE_GPUS"] = "/etc/infer-units/fakegpus.json"
 os.environ["PATH"] = "/usr/sbin:/usr/bin:/sbin:/bin"
-from infer_units.helpers import gpus as gpus_mod  # noqa: E402
+from infer_units.helpers.facts import gpus as gpus_mod  # noqa: E402
 
 HOSTPY = "/usr/local/bin/host-python"
 SERVER = "/run/iu-gpu/server.py"
@@ -554,7 +554,7 @@ def s6_drain(sc: Scenario) -> None:
 
 def _fd_holders_count() -> int:
     """Processes holding a GPU device node (what drain must leave at zero)."""
-    from infer_units.helpers.gpus import fd_holders
+    from infer_units.helpers.facts.gpus import fd_holders
     return len(fd_holders(set(B.device_files())))
 
 

@@ -1,0 +1,222 @@
+"""`infer-units drain` and `resume`: before a driver reload, fence starts,
+stop every running infer-units service, and reap every holder of /dev/nvidia*
+(not just CUDA users: anything that keeps the module busy), sparing the
+ignore list; afterwards lift the fence and start exactly what drain stopped.
+
+The order is what makes the fence hold: the fence is written before the
+units are listed, so a unit whose pre-start passed the fence just before is
+already activating when listed, and is stopped with the rest; any start
+after that (Restart=, a timer, an operator) is refused by its pre-start
+(helpers/decide/fence.py).  `--dry-run` runs the same plan with nothing written,
+stopped or signalled, and reports it in the same shape (`--json`)."""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+from .. import exitcodes
+from ..decide import fence
+from ..decide.attribution import SERVICE, _service_parent, attribute, is_infer_units_service
+from ..facts.gpus import Backend, FdScan, Gpu, GpuError, GpuUse, backend, fd_holders
+from .reaper import ReapPolicy, Reaper
+
+REFCNT = "/sys/module/nvidia/refcnt"
+PROC_MODULES = "/proc/modules"
+# A unit in these states has (or is about to have) processes: drain stops it
+# and resume starts it again.  Inactive and failed ones are left as they are.
+RUNNING = ("active", "activating", "reloading")
+SCHEMA_VERSION = 1
+
+
+class DeviceHolders(Backend):
+    """Every process holding any GPU device node counts as a user of every GPU."""
+
+    def __init__(self, base: Backend) -> None:
+        self.base = base
+        self.name = f"{base.name}+device-files"
+
+    def gpus(self) -> list[Gpu]:
+        return self.base.gpus()
+
+    def users(self, gpus: list[Gpu]) -> dict[int, GpuUse]:
+        every = {g.index for g in gpus}
+        scan = FdScan(set(self.base.device_files()))
+        self.unseen = scan.unseen
+        return {pid: GpuUse(pid, set(every)) for pid in scan.held}
+
+    def memory(self, gpus: list[Gpu]) -> dict[int, tuple[int, int]]:
+        return self.base.memory(gpus)
+
+    def device_files(self) -> list[str]:
+        return self.base.device_files()
+
+
+def module_users(refcnt: str = REFCNT, modules: str = PROC_MODULES) -> tuple[int | None, str]:
+    """(users of the nvidia module, where the figure comes from).  The module's
+    own refcnt when the kernel exposes it; else the "used by" count of
+    /proc/modules (what lsmod prints); None when neither says (module not
+    loaded, or unload support compiled out: the count is "-").  Either way
+    it counts open device files plus dependent modules (nvidia_uvm,
+    nvidia_modeset, nvidia_drm), not processes."""
+    try:
+        with open(refcnt, encoding="ascii") as f:
+            return int(f.read().strip()), refcnt
+    except (OSError, ValueError):
+        pass
+    try:
+        with open(modules, encoding="ascii", errors="replace") as f:
+            for line in f:
+                fields = line.split()
+                if len(fields) >= 3 and fields[0] == "nvidia":
+                    if fields[2].isdigit():
+                        return int(fields[2]), f"{modules} ({refcnt} absent)"
+                    return None, f"{modules} shows no count ({refcnt} absent: module unload disabled?)"
+    except OSError:
+        pass
+    return None, "nvidia module not loaded"
+
+
+def describe_module(users: int | None, source: str) -> str:
+    if users is None:
+        return f"nvidia module refcount unknown: {source}"
+    return f"nvidia module refcount {users} (from {source})"
+
+
+def _log(message: str) -> None:
+    print(f"infer-units: {message}", file=sys.stderr, flush=True)
+
+
+def _service_of(holder: Any) -> str | None:
+    unit = holder.info.unit
+    return unit if is_infer_units_service(unit) else _service_parent(holder.info)
+
+
+def drain(timeout: float, term_grace: float, ignore: tuple[str, ...],
+          dry_run: bool) -> tuple[int, dict[str, Any]]:
+    """(exit code, report).  The report has the same keys with and without
+    dry_run: "stop" (units), "signal" (pids), "fence"; a dry run's is the
+    prediction of the real run's."""
+    from ..facts.systemd import SystemdUnavailable, list_unit_states, stop_units
+    report: dict[str, Any] = {"schema": SCHEMA_VERSION, "dry_run": dry_run,
+                              "fence": {"path": fence.path(), "stopped": []},
+                              "stop": [], "not_stopped": [], "signal": [],
+                              "end_with_units": [], "spare": [], "systemd": None}
+
+    def done(code: int) -> tuple[int, dict[str, Any]]:
+        report["exit"] = code
+        return code, report
+
+    if not dry_run:
+        try:
+            fence.write([])     # before listing: see the module's docstring
+        except OSError as e:
+            _log(f"cannot fence starts at {fence.path()}: {e.strerror or e}; nothing stopped")
+            return done(exitcodes.CONFIG_ERROR)
+    try:
+        states = list_unit_states(["*.service"])
+        services = [u for u, s in states.items() if s in RUNNING and is_infer_units_service(u)]
+        report["stop"] = services
+        if dry_run:
+            report["fence"]["stopped"] = fence.merged(services)
+        else:
+            report["fence"]["stopped"] = fence.write(services)["stopped"]
+        if services:
+            _log(("would stop " if dry_run else "stopping ") + ", ".join(services))
+            if not dry_run:
+                report["not_stopped"] = left = stop_units(services, timeout)
+                if left:
+                    _log("did not stop in time: " + ", ".join(left))
+    except SystemdUnavailable as e:
+        report["systemd"] = str(e)
+        report["fence"]["stopped"] = fence.merged([])
+        _log(f"systemd unavailable ({e}); reaping device holders only")
+    _log(("would fence" if dry_run else "fenced") + f" starts: {fence.path()} "
+         "(`infer-units resume` lifts it)")
+    try:
+        view = DeviceHolders(backend())
+        gpus = view.gpus()
+    except GpuError as e:
+        _log(str(e))
+        return done(exitcodes.CONFIG_ERROR)
+    if dry_run and report["stop"]:
+        # Their processes end with the stop, not by our signals.
+        seen = attribute(view, gpus, None, ignore)
+        report["end_with_units"] = sorted(h.info.pid for h in seen.of_kind(SERVICE)
+                                          if _service_of(h) in report["stop"])
+        for pid in report["end_with_units"]:
+            _log(f"pid {pid} would end with its unit's stop")
+    # A leftover of an infer-units service (its stop timed out, say) is never
+    # touched, but it must not stop the rest from being reaped: spare it,
+    # reap everything else, then exit 2 naming it (DESIGN: 2 = blocked).
+    policy = ReapPolicy(foreign="kill", term_grace=term_grace, timeout=timeout,
+                        ignore=ignore, dry_run=dry_run, services="spare")
+    result = Reaper(view, gpus, None, policy).run()
+    report["signal"] = sorted({a.pid for a in result.actions})
+    report["spare"] = sorted({h.info.pid for h in result.ignored + result.reported}
+                             - set(report["end_with_units"]))
+    report["reap"] = result.as_json()
+    remaining = fd_holders(set(view.device_files()))
+    spared = {h.info.pid for h in result.ignored}
+    users, source = module_users()
+    report["module"] = {"users": users, "source": source}
+    report["device_holders_left"] = len(remaining)
+    _log(f"{describe_module(users, source)}; {len(remaining)} process(es) hold /dev/nvidia*"
+         + (f" ({len(spared)} on the ignore list)" if spared else ""))
+    code = exitcodes.CLEAN if dry_run else result.exit_code
+    if dry_run:
+        _log("dry run: nothing touched")
+    elif code == exitcodes.CLEAN:
+        _log("drained")
+    else:
+        _log(f"not drained: {result.message}")
+    return done(code)
+
+
+def resume(wait: float | None) -> tuple[int, dict[str, Any]]:
+    """Lift the fence, then start exactly the units drain stopped (0 when
+    all are active; 3 when one failed or is still starting after `wait`)."""
+    from ..facts.systemd import SystemdUnavailable, list_unit_states, start_units
+    report: dict[str, Any] = {"schema": SCHEMA_VERSION, "fence": fence.path(),
+                              "was_fenced": False, "start": [], "states": {}}
+    try:
+        record = fence.read()
+    except fence.FenceError as e:
+        fence.lift()
+        _log(f"{e}; lifted it, but cannot tell what drain stopped: start the models yourself")
+        report["exit"] = exitcodes.CONFIG_ERROR
+        return exitcodes.CONFIG_ERROR, report
+    if record is None:
+        _log(f"no fence at {fence.path()}: not drained, nothing to start")
+        report["exit"] = exitcodes.CLEAN
+        return exitcodes.CLEAN, report
+    report["was_fenced"] = True
+    units = [u for u in record["stopped"] if isinstance(u, str) and u.endswith(".service")]
+    report["start"] = units
+    if units:
+        try:
+            list_unit_states(units)     # systemd must be there to start them: else keep the fence
+        except SystemdUnavailable as e:
+            _log(f"cannot start {', '.join(units)}: {e}; the fence stays ({fence.path()})")
+            report["exit"] = exitcodes.CONFIG_ERROR
+            return exitcodes.CONFIG_ERROR, report
+    fence.lift()
+    _log(f"lifted the fence {fence.path()}" + (f"; starting {', '.join(units)}" if units
+                                              else "; drain stopped nothing"))
+    if not units:
+        report["exit"] = exitcodes.CLEAN
+        return exitcodes.CLEAN, report
+    try:
+        states = start_units(units, wait)
+    except SystemdUnavailable as e:
+        _log(f"cannot start {', '.join(units)}: {e}")
+        report["exit"] = exitcodes.CONFIG_ERROR
+        return exitcodes.CONFIG_ERROR, report
+    report["states"] = states
+    bad = {u: s for u, s in states.items()
+           if s != "active" and (wait is not None or s.startswith("not started"))}
+    for unit, state in bad.items():
+        _log(f"{unit}: {state} (journalctl -u {unit})")
+    code = exitcodes.TIMED_OUT if bad else exitcodes.CLEAN
+    report["exit"] = code
+    return code, report

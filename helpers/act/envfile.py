@@ -1,0 +1,62 @@
+"""/run/infer-units/<name>.env: KEY=value lines that start-up checks write and
+the unit reads through EnvironmentFile= (read again before each Exec line)."""
+
+from __future__ import annotations
+
+import os
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from ..facts.gpus import Gpu
+
+
+class EnvFileError(Exception):
+    """One line: the file and why it cannot be read or written."""
+
+
+def _lines(path: str) -> list[str]:
+    try:
+        with open(path, encoding="utf-8") as f:
+            return f.read().splitlines()
+    except FileNotFoundError:
+        return []
+    except (OSError, UnicodeDecodeError) as e:
+        reason = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
+        raise EnvFileError(f"env file {path}: cannot read: {reason}") from None
+
+
+def update_env_file(path: str, values: dict[str, str | None]) -> None:
+    """Set (or, with None, remove) keys, keeping the others; atomic rename."""
+    for key, value in values.items():
+        if value is not None and ("\n" in value or "\r" in value):
+            raise EnvFileError(f"env file {path}: {key}: a value cannot span lines")
+    kept = [line for line in _lines(path) if line.partition("=")[0].strip() not in values]
+    for key, value in values.items():
+        if value is not None:
+            kept.append(f"{key}={value}")
+    tmp = f"{path}.tmp.{os.getpid()}"
+    try:
+        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write("".join(line + "\n" for line in kept))
+        os.replace(tmp, path)
+    except OSError as e:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise EnvFileError(f"env file {path}: cannot write: {e.strerror or e}") from None
+
+
+def write_visible_devices(path: str, gpus: list[Gpu]) -> None:
+    """CUDA takes no PCI bus ids: name the selected GPUs by UUID for the server."""
+    update_env_file(path, {"CUDA_VISIBLE_DEVICES": ",".join(g.uuid for g in gpus)})
+
+
+def read_env_file(path: str) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for line in _lines(path):
+        key, sep, value = line.partition("=")
+        if sep and not key.startswith("#"):
+            out[key.strip()] = value
+    return out

@@ -1,0 +1,376 @@
+"""`infer-units liveness-probe`: one health probe of a model that is active,
+run by its <name>-liveness.timer; after `failures` failed probes in a row it
+restarts the model through systemd, after `max-restarts` such restarts within
+`restart-window` it stops the model and leaves it failed.
+
+State (consecutive failures, last answers, liveness restarts) lives in
+<dir>/<name>.liveness.json (dir: /run/infer-units, or INFER_UNITS_LIVENESS_DIR),
+written atomically; `infer-units status` reads it.  A probe that answers 2xx
+costs no D-Bus call: systemd is asked only when a probe fails.
+
+Its options are parsed with the other unit hooks' (hooks/unit.py); systemd
+is asked through facts/systemd.py (Liveness).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import sys
+import time
+
+from ...generator.durations import format_seconds
+from ...generator.liveness import cap_marker, state_dir
+from ...generator.log import JOURNAL_SOCKET, journal_send, say
+from ..facts.systemd import ModelState
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
+
+# syslog priorities
+ERR, WARNING, NOTICE, INFO = 3, 4, 5, 6
+
+
+def _name(unit: str) -> str:
+    return unit.removesuffix(".service")
+
+
+def state_path(unit: str, directory: str | None = None) -> str:
+    return os.path.join(directory or state_dir(dict(os.environ)), f"{_name(unit)}.liveness.json")
+
+
+# ------------------------------------------------------------------ the probe
+
+class Answer:
+    __slots__ = ("ok", "text", "seconds")
+
+    def __init__(self, ok: bool, text: str, seconds: float) -> None:
+        self.ok = ok            # a 2xx status line within the timeout
+        self.text = text        # "HTTP 200", "HTTP 503", "no answer within 10s", ...
+        self.seconds = seconds
+
+
+def _split_url(url: str) -> tuple[str, str, int, str]:
+    scheme, sep, rest = url.partition("://")
+    if not sep or scheme not in ("http", "https"):
+        raise ValueError(f"{url}: not an http:// or https:// URL")
+    authority, slash, path = rest.partition("/")
+    path = slash + path or "/"
+    if authority.startswith("["):
+        host, _, port_text = authority[1:].partition("]")
+        port_text = port_text.removeprefix(":")
+    else:
+        host, _, port_text = authority.rpartition(":") if ":" in authority else (authority, "", "")
+    port = int(port_text) if port_text else (443 if scheme == "https" else 80)
+    return scheme, host, port, path
+
+
+def http_probe(url: str, timeout: float, body: str | None = None) -> Answer:
+    """GET url (POST `body`, JSON, when given: the one-token completion of
+    [liveness] probe = "generate"); healthy is a 2xx status line within
+    `timeout` (the body is not read: SGLang's /health sends its status only
+    after generating a token).  Plain sockets: http.client alone costs more
+    than the rest of a probe."""
+    started = time.monotonic()
+    deadline = started + timeout
+
+    def left() -> float:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise socket.timeout()
+        return remaining
+
+    try:
+        scheme, host, port, path = _split_url(url)
+        if scheme == "https":
+            return _urllib_probe(url, timeout, timeout, started, body)
+        with socket.create_connection((host, port), timeout=left()) as sock:
+            hostport = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+            sock.settimeout(left())
+            payload = body.encode("utf-8") if body is not None else b""
+            extra = (f"Content-Type: application/json\r\nContent-Length: {len(payload)}\r\n"
+                     if body is not None else "")
+            sock.sendall(f"{'POST' if body is not None else 'GET'} {path} HTTP/1.1\r\n"
+                         f"Host: {hostport}\r\nUser-Agent: infer-units-liveness\r\n"
+                         f"Accept: */*\r\n{extra}Connection: close\r\n\r\n"
+                         .encode("latin-1") + payload)
+            data = b""
+            while b"\r\n" not in data and len(data) < 4096:
+                sock.settimeout(left())
+                chunk = sock.recv(4096)
+                if not chunk:
+                    break
+                data += chunk
+        seconds = time.monotonic() - started
+        words = data.split(b"\r\n", 1)[0].split()
+        if len(words) < 2 or not words[0].startswith(b"HTTP/") or not words[1].isdigit():
+            what = "closed the connection without an answer" if not data else "not HTTP"
+            return Answer(False, what, seconds)
+        code = int(words[1])
+        if 300 <= code < 400:
+            # Judged after redirects, as readiness (urllib) judged it: a URL
+            # that passed wait-ready must not fail here for its redirect.
+            return _urllib_probe(url, left(), timeout, started, body)
+        return Answer(200 <= code < 300, f"HTTP {code}", seconds)
+    except socket.timeout:
+        return Answer(False, f"no answer within {timeout:g}s", time.monotonic() - started)
+    except ValueError as e:
+        return Answer(False, str(e), time.monotonic() - started)
+    except OSError as e:
+        return Answer(False, e.strerror or str(e), time.monotonic() - started)
+
+
+def _urllib_probe(url: str, left: float, timeout: float, started: float,
+                  body: str | None = None) -> Answer:
+    """https, and redirects: urllib (slower to import)."""
+    import urllib.error
+    import urllib.request
+    request = urllib.request.Request(url) if body is None else urllib.request.Request(
+        url, data=body.encode("utf-8"), headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=left) as response:
+            code = response.status
+    except urllib.error.HTTPError as e:
+        code = e.code
+    except (urllib.error.URLError, OSError) as e:
+        reason = getattr(e, "reason", e)
+        if isinstance(reason, socket.timeout) or "timed out" in str(reason):
+            return Answer(False, f"no answer within {timeout:g}s", time.monotonic() - started)
+        return Answer(False, str(reason), time.monotonic() - started)
+    return Answer(200 <= code < 300, f"HTTP {code}", time.monotonic() - started)
+
+
+# ------------------------------------------------------------------ state
+
+def load_state(path: str) -> dict[str, Any]:
+    try:
+        with open(path, encoding="utf-8") as f:
+            state = json.load(f)
+        return state if isinstance(state, dict) else {}
+    except (OSError, ValueError):
+        return {}
+
+
+def save_state(path: str, state: dict[str, Any]) -> None:
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    tmp = f"{path}.{os.getpid()}.tmp"
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump(state, f, indent=1, sort_keys=True)
+    os.replace(tmp, path)
+
+
+# ------------------------------------------------------------------ the decision
+
+class Config:
+    __slots__ = ("unit", "url", "interval", "failures", "timeout", "max_restarts",
+                 "restart_window", "post")
+
+    def __init__(self, unit: str, url: str, interval: float, failures: int, timeout: float,
+                 max_restarts: int, restart_window: float, post: str | None = None) -> None:
+        self.post = post        # a one-token completion to POST instead of a GET
+        self.unit = unit
+        self.url = url
+        self.interval = interval
+        self.failures = failures
+        self.timeout = timeout
+        self.max_restarts = max_restarts
+        self.restart_window = restart_window
+
+
+OK, SKIP, COUNT, RESTART, CAP = "ok", "skip", "count", "restart", "cap"
+
+
+def decide(state: dict[str, Any], now: float, answer: Answer, model: ModelState | None,
+           cfg: Config) -> str:
+    """Update `state` with one probe and say what to do.  `model` is None when
+    the probe passed (systemd is not asked then) or systemd cannot be asked."""
+    state["last_probe"] = {"time": now, "ok": answer.ok, "answer": answer.text,
+                           "seconds": round(answer.seconds, 3)}
+    if answer.ok:
+        state["consecutive_failures"] = 0
+        state["answers"] = []
+        state["last_ok"] = now
+        state.pop("capped", None)           # started again since the cap
+        return OK
+    if model is None or not model.serving:
+        # Not counted: failures count within one running invocation only.
+        state["consecutive_failures"] = 0
+        state["answers"] = []
+        state["last_probe"]["skipped"] = ("systemd unavailable" if model is None
+                                          else model.describe())
+        return SKIP
+    if state.get("invocation") != model.invocation:
+        state["invocation"] = model.invocation
+        state["consecutive_failures"] = 0
+        state["answers"] = []
+    failures = int(state.get("consecutive_failures", 0)) + 1
+    state["consecutive_failures"] = failures
+    state["answers"] = (list(state.get("answers", [])) + [answer.text])[-cfg.failures:]
+    if failures < cfg.failures:
+        return COUNT
+    recent = [t for t in state.get("restarts", []) if now - t < cfg.restart_window]
+    state["restarts"] = recent
+    return RESTART if len(recent) < cfg.max_restarts else CAP
+
+
+def record_restart(state: dict[str, Any], now: float, why: str) -> None:
+    state["restarts"] = list(state.get("restarts", [])) + [now]
+    state["restarts_total"] = int(state.get("restarts_total", 0)) + 1
+    state["last_restart"] = {"time": now, "why": why}
+    state["consecutive_failures"] = 0
+    state["answers"] = []
+
+
+def record_cap(state: dict[str, Any], now: float, why: str) -> None:
+    # The window starts afresh: whoever starts it again has looked at it.
+    state["restarts"] = []
+    state["capped"] = {"time": now, "why": why}
+    state["consecutive_failures"] = 0
+    state["answers"] = []
+
+
+def _span(seconds: float) -> str:
+    return format_seconds(seconds, "large")
+
+
+def why_line(state: dict[str, Any], cfg: Config) -> str:
+    answers = "; ".join(state.get("answers", []))
+    what = "one-token generations" if cfg.post is not None else "health probes"
+    return (f"{state.get('consecutive_failures', 0)} {what} in a row failed "
+            f"(every {_span(cfg.interval)}, timeout {_span(cfg.timeout)}; last answers: "
+            f"{answers}) at {cfg.url}")
+
+
+# ------------------------------------------------------------------ logging
+
+def _say(priority: int, message: str) -> None:
+    """stdout of the probe service: the journal reads the <N> priority prefix."""
+    say(priority, message, ident="", stream=sys.stdout)
+
+
+def journal_line(message: str, priority: int, unit: str,
+                 path: str | None = None) -> bool:
+    """One journal entry that `journalctl -u <model>` shows (OBJECT_SYSTEMD_UNIT=,
+    trusted from root) as well as `-u <name>-liveness`; stdout if no journal."""
+    path = path or os.environ.get("INFER_UNITS_JOURNAL_SOCKET") or JOURNAL_SOCKET
+    if journal_send({"MESSAGE": message, "PRIORITY": str(priority),
+                     "SYSLOG_IDENTIFIER": "infer-units-liveness", "OBJECT_SYSTEMD_UNIT": unit,
+                     "INFER_UNITS_UNIT": unit}, path):
+        return True
+    _say(priority, message)
+    return False
+
+
+# ------------------------------------------------------------------ one run
+
+def run_probe(cfg: Config, systemd: Any, directory: str | None = None,
+              now: float | None = None) -> str:
+    """Probe once, decide, act, save; returns the action taken."""
+    path = state_path(cfg.unit, directory)
+    state = load_state(path)
+    state.update(unit=cfg.unit, url=cfg.url, interval=cfg.interval, failures=cfg.failures,
+                 timeout=cfg.timeout, max_restarts=cfg.max_restarts,
+                 restart_window=cfg.restart_window)
+    answer = http_probe(cfg.url, cfg.timeout, cfg.post)
+    now = time.time() if now is None else now
+    model = None if answer.ok else systemd.model_state(cfg.unit)
+    before = (state.get("consecutive_failures", 0), bool(state.get("capped")))
+    restarted = False
+    action = decide(state, now, answer, model, cfg)
+    marker = cap_marker(_name(cfg.unit), directory or state_dir(dict(os.environ)))
+    if action == OK and os.path.lexists(marker):
+        os.unlink(marker)       # left by a cap whose stop did not run its ExecStopPost
+    if action == OK and before[0]:
+        _say(NOTICE, f"{cfg.unit}: health probe passed again after {before[0]} failed "
+             f"({answer.text} in {answer.seconds:.1f}s)")
+    if action == COUNT:
+        _say(NOTICE, f"{cfg.unit}: health probe {state['consecutive_failures']}/"
+             f"{cfg.failures} failed: {answer.text}")
+    elif action == SKIP and model is not None:
+        _say(INFO, f"{cfg.unit} is {model.describe()}: probe not counted ({answer.text})")
+    elif action == RESTART:
+        why = why_line(state, cfg)
+        n = len(state["restarts"]) + 1
+        failed = systemd.try_restart(cfg.unit)
+        if failed is None:
+            journal_line(f"liveness: restarting {cfg.unit}: {why} (liveness restart {n} of "
+                         f"{cfg.max_restarts} within {_span(cfg.restart_window)})",
+                         WARNING, cfg.unit)
+            record_restart(state, now, why)
+            restarted = True
+        else:
+            _say(ERR, f"{cfg.unit}: {why}; could not restart it: {failed}")
+    elif action == CAP:
+        why = why_line(state, cfg)
+        assert model is not None
+        os.makedirs(os.path.dirname(marker), exist_ok=True)
+        with open(marker, "w", encoding="ascii") as f:
+            f.write(model.invocation)
+        failed = systemd.stop(cfg.unit)
+        if failed is None:
+            journal_line(f"liveness: stopping {cfg.unit} and leaving it failed: {why}; "
+                         f"{len(state['restarts'])} liveness restarts within "
+                         f"{_span(cfg.restart_window)} is the cap (max-restarts = "
+                         f"{cfg.max_restarts}); start it by hand once fixed "
+                         f"(systemctl start {cfg.unit})", ERR, cfg.unit)
+            record_cap(state, now, why)
+        else:
+            os.unlink(marker)
+            _say(ERR, f"{cfg.unit}: {why}; could not stop it at the restart cap: {failed}")
+    save_state(path, state)
+    if before != (state.get("consecutive_failures", 0), bool(state.get("capped"))) or restarted:
+        from .metrics import record_liveness
+        record_liveness(cfg.unit, state, restarted)
+    return action
+
+
+# ------------------------------------------------------------------ status
+
+def view(model: Any) -> dict[str, Any] | None:
+    """`infer-units status`'s liveness entry of a model: None when off."""
+    live = getattr(model, "liveness", None)
+    if live is None:
+        return None
+    from ...generator.render import health_url
+    if health_url(model) is None:
+        return None
+    # The probe's directory is the model's [env] (INFER_UNITS_LIVENESS_DIR), as it runs.
+    state = load_state(state_path(model.unit_name,
+                                  state_dir({**os.environ, **model.env})))
+    now = time.time()
+    last = state.get("last_probe")
+    return {
+        "interval": live.interval, "failures": live.failures, "timeout": live.timeout,
+        "max_restarts": live.max_restarts, "restart_window": live.restart_window,
+        "last_probe": last,
+        "last_probe_age_s": round(now - last["time"], 1) if last else None,
+        "consecutive_failures": int(state.get("consecutive_failures", 0)),
+        "last_answers": state.get("answers", []),
+        "restarts_in_window": len([t for t in state.get("restarts", [])
+                                   if now - t < live.restart_window]),
+        "restarts_total": int(state.get("restarts_total", 0)),
+        "last_restart": state.get("last_restart"),
+        "capped": state.get("capped"),
+    }
+
+
+def cell(entry: dict[str, Any] | None) -> str:
+    """The LIVENESS column: "ok 12s ago", "2/4 failed: HTTP 503", "capped", "off"."""
+    if entry is None:
+        return "off"
+    restarts = entry["restarts_total"]
+    tail = f", {restarts} restart{'s' if restarts != 1 else ''}" if restarts else ""
+    if entry["capped"]:
+        return "capped: stopped" + tail
+    last = entry["last_probe"]
+    if not last:
+        return "no probe yet" + tail
+    age = entry["last_probe_age_s"]
+    if last["ok"]:
+        return f"ok {age:.0f}s ago" + tail
+    if entry["consecutive_failures"]:
+        return (f"{entry['consecutive_failures']}/{entry['failures']} failed: "
+                f"{last['answer'][:24]}" + tail)
+    return f"not counted ({last.get('skipped', last['answer'])[:24]})" + tail

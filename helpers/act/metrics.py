@@ -1,0 +1,191 @@
+"""Per-unit counters for Prometheus' node_exporter textfile collector.
+
+State lives in $INFER_UNITS_STATE_DIR (default /run/infer-units/state), one
+JSON file per unit.  When INFER_UNITS_METRICS_DIR is set (e.g. in a host-wide
+defaults.toml.d drop-in's [env], or the hook's environment), every update also
+rewrites <dir>/infer-units.prom atomically (write, then rename).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+import time
+from typing import Any
+
+STATE_DIR = os.environ.get("INFER_UNITS_STATE_DIR", "/run/infer-units/state")
+
+
+def _state_path(unit: str) -> str:
+    return os.path.join(STATE_DIR, unit.replace("/", "_") + ".json")
+
+
+def load_state(unit: str) -> dict[str, Any]:
+    """The unit's counters; {} for a missing or damaged file (one that is not a
+    JSON object, numbers that are not finite): metrics start again rather
+    than fail a start, a stop or `status`."""
+    try:
+        with open(_state_path(unit), encoding="utf-8") as f:
+            state = json.load(f)
+    except (OSError, ValueError, RecursionError):
+        return {}
+    if not isinstance(state, dict):
+        return {}
+    return {k: v for k, v in state.items() if isinstance(k, str) and _plain(v)}
+
+
+def _plain(value: Any) -> bool:
+    if isinstance(value, bool):
+        return False
+    if isinstance(value, (int, float)):
+        return math.isfinite(value)
+    return isinstance(value, str)
+
+
+def _update(unit: str | None, change: dict[str, Any], add: dict[str, float]) -> None:
+    if not unit:
+        return
+    try:
+        state = load_state(unit)
+        for key, value in add.items():
+            before = state.get(key, 0)
+            state[key] = (before if isinstance(before, (int, float)) else 0) + value
+        state.update(change)
+        state["updated"] = time.time()
+        os.makedirs(STATE_DIR, exist_ok=True)
+        tmp = _state_path(unit) + ".tmp"
+        with open(tmp, "w", encoding="utf-8") as f:
+            json.dump(state, f)
+        os.replace(tmp, _state_path(unit))
+        write_textfile()
+    except (OSError, ValueError) as e:
+        # Metrics must never fail a start or a stop; stderr: stdout may be --json.
+        print(f"infer-units: metrics not written: {e}", file=sys.stderr, flush=True)
+
+
+def record_reap(unit: str | None, result: Any) -> None:
+    killed = {a.pid for a in result.actions}
+    _update(unit, {"last_reap_seconds": result.seconds, "last_reap_exit": result.exit_code},
+            {"reaps_total": 1, "processes_killed_total": len(killed)})
+
+
+def record_free(unit: str | None, result: Any) -> None:
+    _update(unit, {"last_free_seconds": result.seconds, "last_free_exit": result.exit_code}, {})
+
+
+def record_p2p(unit: str | None, verdict: Any) -> None:
+    _update(unit, {"p2p_ok": 1 if verdict.ok else 0, "p2p_reason": verdict.reason},
+            {})
+
+
+def record_liveness(unit: str | None, state: dict[str, Any], restarted: bool) -> None:
+    """After a liveness probe that changed something (helpers/act/liveness.py)."""
+    _update(unit, {"liveness_consecutive_failures": state.get("consecutive_failures", 0),
+                   "liveness_capped": 1 if state.get("capped") else 0},
+            {"liveness_restarts_total": 1 if restarted else 0})
+
+
+_METRICS = (
+    ("reaps_total", "counter", "Reaps run by the start hook."),
+    ("processes_killed_total", "counter", "Processes signalled by the reaper."),
+    ("last_reap_seconds", "gauge", "Seconds the last reap took until the GPUs were free."),
+    ("last_free_seconds", "gauge", "Seconds after stop until the GPUs were free."),
+    ("p2p_ok", "gauge", "1 if the last P2P self-test passed, 0 if P2P was disabled."),
+    ("liveness_restarts_total", "counter", "Restarts by liveness (failed health probes)."),
+    ("liveness_consecutive_failures", "gauge", "Health probes failed in a row (liveness)."),
+    ("liveness_capped", "gauge", "1 if liveness stopped the unit at its restart cap."),
+)
+
+
+# GPU health findings (health.py), per GPU: what pre-start and `doctor
+# --write-metrics` last saw.  Not a unit's file: its name does not end in .json.
+GPU_HEALTH_FILE = "gpu-health.state"
+
+
+def record_gpu_health(report: Any) -> None:
+    """Merge these GPUs' findings into the GPU health state (other GPUs keep
+    theirs) and rewrite the textfile.  Never fails the caller."""
+    from ..decide.health import SEVERITY
+    try:
+        path = os.path.join(STATE_DIR, GPU_HEALTH_FILE)
+        state = load_gpu_health()
+        for f in report.findings:
+            key = f.uuid or "host"
+            entry = state.setdefault(key, {"gpu": f.gpu, "checks": {}})
+            entry["checks"][f.check] = SEVERITY[f.level]
+        os.makedirs(STATE_DIR, exist_ok=True)
+        tmp = path + ".tmp"
+        with open(tmp, "w", encoding="utf-8") as out:
+            json.dump(state, out)
+        os.replace(tmp, path)
+        write_textfile()
+    except (OSError, ValueError) as e:
+        print(f"infer-units: metrics not written: {e}", file=sys.stderr, flush=True)
+
+
+def load_gpu_health() -> dict[str, Any]:
+    """uuid (or "host") -> {"gpu": index, "checks": {check: -1|0|1|2}}; {} when
+    missing or damaged."""
+    try:
+        with open(os.path.join(STATE_DIR, GPU_HEALTH_FILE), encoding="utf-8") as f:
+            state = json.load(f)
+    except (OSError, ValueError, RecursionError):
+        return {}
+    out: dict[str, Any] = {}
+    if not isinstance(state, dict):
+        return out
+    for key, entry in state.items():
+        if (isinstance(key, str) and isinstance(entry, dict)
+                and isinstance(entry.get("checks"), dict)
+                and (entry.get("gpu") is None or isinstance(entry.get("gpu"), int))):
+            checks = {c: v for c, v in entry["checks"].items()
+                      if isinstance(c, str) and v in (-1, 0, 1, 2) and not isinstance(v, bool)}
+            out[key] = {"gpu": entry.get("gpu"), "checks": checks}
+    return out
+
+
+def _label(value: str) -> str:
+    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+def _gpu_health_lines() -> list[str]:
+    lines = ["# HELP infer_units_gpu_health Health check of a GPU (or the host: gpu=\"\"): "
+             "0 ok, 1 warning, 2 error (refuses a start), -1 unknown (not readable here).",
+             "# TYPE infer_units_gpu_health gauge"]
+    for key, entry in sorted(load_gpu_health().items()):
+        gpu = "" if entry["gpu"] is None else str(entry["gpu"])
+        uuid = "" if key == "host" else key
+        for check, value in sorted(entry["checks"].items()):
+            lines.append(f'infer_units_gpu_health{{gpu="{gpu}",uuid="{_label(uuid)}",'
+                         f'check="{_label(check)}"}} {value}')
+    return lines
+
+
+def render_textfile() -> str:
+    try:
+        names = sorted(n for n in os.listdir(STATE_DIR) if n.endswith(".json"))
+    except OSError:
+        names = []
+    states = [(n[:-5], load_state(n[:-5])) for n in names]
+    lines = []
+    for key, kind, help_text in _METRICS:
+        lines.append(f"# HELP infer_units_{key} {help_text}")
+        lines.append(f"# TYPE infer_units_{key} {kind}")
+        for unit, state in states:
+            if isinstance(state.get(key), (int, float)):
+                lines.append(f'infer_units_{key}{{unit="{unit}"}} {float(state[key]):g}')
+    lines += _gpu_health_lines()
+    return "\n".join(lines) + "\n"
+
+
+def write_textfile() -> None:
+    directory = os.environ.get("INFER_UNITS_METRICS_DIR")
+    if not directory:
+        return
+    target = os.path.join(directory, "infer-units.prom")
+    tmp = target + f".{os.getpid()}.tmp"
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.write(render_textfile())
+    os.replace(tmp, target)

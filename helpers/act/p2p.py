@@ -1,0 +1,169 @@
+"""`[nccl] p2p = "auto"`: run the copy-and-compare self-test once per boot for a
+set of GPUs, and turn NCCL's P2P off for the unit when it fails."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import pwd
+import subprocess
+import sys
+from dataclasses import dataclass
+
+from .envfile import update_env_file
+from ..facts.gpus import Gpu
+
+CACHE_DIR = os.environ.get("INFER_UNITS_P2P_CACHE", "/run/infer-units/p2p")
+SELFTEST = os.path.join(os.path.dirname(os.path.abspath(__file__)), "p2p_selftest.py")
+
+
+@dataclass
+class P2PVerdict:
+    ok: bool
+    cached: bool
+    reason: str
+    report: dict[str, object]
+
+
+def _boot_id() -> str:
+    try:
+        with open("/proc/sys/kernel/random/boot_id", encoding="ascii") as f:
+            return f.read().strip()
+    except OSError:
+        return "unknown"
+
+
+def cache_path(gpus: list[Gpu]) -> str:
+    key = ",".join(sorted(g.uuid or g.pci for g in gpus))
+    return os.path.join(CACHE_DIR, hashlib.sha256(key.encode()).hexdigest()[:16] + ".json")
+
+
+# Who runs the model's `python` for the self-test.  The interpreter, its venv,
+# site-packages and .pth files belong to the model's user (untrusted: see
+# README "Trust model"), so root never executes it: the model's `user`, or
+# nobody for a model without one (its server runs as root, but its venv may
+# still be someone else's).  A root-owned venv is readable by them and works.
+FALLBACK_USER = "nobody"
+
+
+def selftest_account(user: str | None) -> pwd.struct_passwd | None:
+    """The account to drop to, None when not root (then we run as ourselves)."""
+    if os.geteuid() != 0:
+        return None
+    try:
+        account = pwd.getpwnam(user or FALLBACK_USER)
+    except KeyError:
+        account = pwd.getpwnam(FALLBACK_USER)
+    if account.pw_uid == 0:
+        account = pwd.getpwnam(FALLBACK_USER)
+    return account
+
+
+def selftest_env(gpus: list[Gpu], server_env: dict[str, str],
+                 account: pwd.struct_passwd | None) -> dict[str, str]:
+    """A scrubbed environment: what the server gets from the model ([env]),
+    a plain PATH and the GPUs under test; nothing of the hook's own."""
+    env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8"}
+    if account is not None:
+        env.update(HOME=account.pw_dir, USER=account.pw_name, LOGNAME=account.pw_name)
+    if "INFER_UNITS_P2P_MIB" in os.environ:
+        env["INFER_UNITS_P2P_MIB"] = os.environ["INFER_UNITS_P2P_MIB"]
+    env.update(server_env)
+    # The test covers exactly this unit's GPUs, in PCI order like the server sees them.
+    env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
+    env["CUDA_VISIBLE_DEVICES"] = ",".join(g.uuid for g in gpus)
+    return env
+
+
+def _run_selftest(python: str, gpus: list[Gpu], timeout: float, user: str | None = None,
+                  server_env: dict[str, str] | None = None) -> dict[str, object]:
+    account = selftest_account(user)
+    env = selftest_env(gpus, server_env or {}, account)
+    drop: dict[str, object] = {}
+    if account is not None:
+        drop = {"user": account.pw_uid, "group": account.pw_gid,
+                "extra_groups": os.getgrouplist(account.pw_name, account.pw_gid)}
+    try:
+        done = subprocess.run([python, SELFTEST], capture_output=True, text=True,
+                              timeout=timeout, env=env, check=False, cwd="/",
+                              stdin=subprocess.DEVNULL, **drop)  # type: ignore[call-overload]
+    except subprocess.TimeoutExpired:
+        # A hung peer copy is the classic broken-IOMMU symptom.
+        return {"ok": False, "error": f"self-test hung for {timeout:g}s", "hung": True}
+    except OSError as e:
+        return {"ok": False, "error": f"cannot run {python}: {e.strerror}", "ran": False}
+    lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
+    if done.returncode != 0 or not lines:
+        tail = (done.stderr.strip().splitlines() or ["no output"])[-1]
+        return {"ok": False, "error": f"self-test exited {done.returncode}: {tail}", "ran": False}
+    return json.loads(lines[-1])
+
+
+# The unit's ExecStart expands this (unbraced $VAR: zero words when empty).
+OFF_ARGS_VAR = "INFER_UNITS_P2P_OFF_ARGS"
+
+
+def check_p2p(gpus: list[Gpu], env_file: str | None, python: str,
+              timeout: float = 90.0, off_args: str = "",
+              off_env: dict[str, str] | None = None, user: str | None = None,
+              server_env: dict[str, str] | None = None) -> P2PVerdict:
+    if len(gpus) < 2:
+        verdict = P2PVerdict(True, False, "one GPU: no peer traffic", {})
+        _apply(verdict, env_file, off_args, off_env or {})
+        return verdict
+    path = cache_path(gpus)
+    boot = _boot_id()
+    try:
+        with open(path, encoding="utf-8") as f:
+            cached = json.load(f)
+        if cached.get("boot_id") == boot:
+            verdict = P2PVerdict(bool(cached["ok"]), True, str(cached["reason"]), cached["report"])
+            _apply(verdict, env_file, off_args, off_env or {})
+            return verdict
+    except (OSError, ValueError, KeyError):
+        pass
+    report = _run_selftest(python, gpus, timeout, user, server_env)
+    if report.get("ok"):
+        verdict = P2PVerdict(True, False, "every GPU pair copied and compared equal", report)
+    elif report.get("ran") is False or "torch not importable" in str(report.get("error", "")):
+        # Could not test: P2P off to be safe, and no cache so the next start tries again.
+        verdict = P2PVerdict(False, False, f"self-test could not run ({report.get('error')}); "
+                             "P2P disabled to be safe", report)
+        _apply(verdict, env_file, off_args, off_env or {})
+        return verdict
+    else:
+        pairs = report.get("pairs")
+        bad = [p for p in (pairs if isinstance(pairs, list) else [])
+               if isinstance(p, dict) and not p.get("ok")]
+        # The self-test numbers devices as CUDA sees them: positions in `gpus`.
+        detail = "; ".join(
+            f"GPU {gpus[p['src']].index}->{gpus[p['dst']].index}: "
+            + (p.get("error") or f"{p.get('mismatched_words')} words differ")
+            for p in bad) or str(report.get("error"))
+        verdict = P2PVerdict(False, False, f"peer copy failed: {detail}", report)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path + ".tmp", "w", encoding="utf-8") as f:
+        json.dump({"boot_id": boot, "ok": verdict.ok, "reason": verdict.reason,
+                   "report": verdict.report, "gpus": [g.uuid for g in gpus]}, f)
+    os.replace(path + ".tmp", path)
+    _apply(verdict, env_file, off_args, off_env or {})
+    return verdict
+
+
+def _apply(verdict: P2PVerdict, env_file: str | None, off_args: str,
+           off_env: dict[str, str]) -> None:
+    """The verdict into the unit's env file: P2P off is NCCL_P2P_DISABLE=1 plus
+    what the engine needs for its own peer-access kernels (argv through
+    $INFER_UNITS_P2P_OFF_ARGS, environment); P2P on removes all of it."""
+    env = {"NCCL_P2P_DISABLE": "1", **off_env}
+    if off_args:
+        env[OFF_ARGS_VAR] = off_args
+    off = " ".join(f"{k}={v}" for k, v in env.items())
+    if env_file:
+        update_env_file(env_file, {k: None if verdict.ok else v for k, v in env.items()})
+        state = "on" if verdict.ok else f"OFF ({off} in {env_file})"
+    else:
+        state = "on" if verdict.ok else f"broken (would set {off})"
+    print(f"infer-units: P2P {state}: {verdict.reason}"
+          + (" [result cached this boot]" if verdict.cached else ""), file=sys.stderr, flush=True)

@@ -1,0 +1,1 @@
+"""The operator commands (`infer-units render|check|holders|reap|...`): click."""

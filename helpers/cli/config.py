@@ -1,0 +1,258 @@
+"""`infer-units cat` and `infer-units edit`: a model's files as the generator
+merges them, like `systemctl cat` and `systemctl edit` but per value.
+
+cat NAME: the merged model as TOML, each value followed by the file that set
+it (systemctl cat only lists the files).  edit NAME: opens a copy of
+NAME.toml.d/override.toml in the first writable configuration directory
+(/etc/infer-units) in $EDITOR, keeps it only if the model with it is still
+valid (what the generator would see), then reloads systemd."""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+import tempfile
+from typing import Any
+
+import click
+
+from .options import complete_model_names, die
+
+OVERRIDE = "override.toml"
+# Like systemctl edit: what is above the first marker is the drop-in; the rest is for reference.
+MARKER = "### Lines from here on are ignored: the model as it is now, for reference"
+_BARE = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_-")
+
+
+# ---------------------------------------------------------------- TOML out
+
+def _key(key: str) -> str:
+    return key if key and _BARE.issuperset(key) else json.dumps(key, ensure_ascii=False)
+
+
+def _value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    if isinstance(value, str):
+        # JSON's escapes (\" \\ \n \t \uXXXX) are TOML basic-string escapes too.
+        return json.dumps(value, ensure_ascii=False)
+    if isinstance(value, list):
+        return "[" + ", ".join(_value(v) for v in value) + "]"
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{_key(k)} = {_value(v)}" for k, v in value.items()) + "}"
+    return json.dumps(str(value))      # dates and times: as text
+
+
+def merged_lines(merged: Any) -> list[tuple[str, str]]:
+    """(TOML line, file) pairs: scalars first, then each table; file "" for headers."""
+    lines: list[tuple[str, str]] = []
+
+    def table(data: dict[str, Any], prefix: str) -> None:
+        subtables = []
+        for key, value in data.items():
+            if isinstance(value, dict):
+                subtables.append((key, value))
+            else:
+                lines.append((f"{_key(key)} = {_value(value)}", merged.file_of(prefix + key)))
+        for key, value in subtables:
+            dotted = prefix + key
+            header = ".".join(_key(part) for part in dotted.split("."))
+            lines.append(("", ""))
+            lines.append((f"[{header}]", ""))
+            table(value, dotted + ".")
+
+    table(merged.data, "")
+    return lines
+
+
+def format_merged(merged: Any, comment: str = "") -> str:
+    out = [f"# {merged.name}: " + (", ".join(merged.sources) if merged.sources else "no files")]
+    pairs = merged_lines(merged)
+    width = min(60, max((len(line) for line, _ in pairs), default=0))
+    for line, source in pairs:
+        text = f"{line:<{width}}  # {source}" if source else line
+        out.append(f"{comment}{text}".rstrip() if comment else text)
+    return "\n".join(out) + "\n"
+
+
+# ---------------------------------------------------------------- loading
+
+def _find(name: str, dirs: list[str]) -> str:
+    from ...generator.loader import discover, forget_cache
+    name = name.removesuffix(".service")
+    forget_cache()
+    found, _ = discover(dirs)
+    if name not in found:
+        die(f"no model file named {name}.toml on the search path ({':'.join(dirs)})")
+    return found[name]
+
+
+def _load(name: str, dirs: list[str]) -> Any:
+    from ...generator.errors import ConfigError
+    from ...generator.loader import forget_cache, load_model
+    path = _find(name, dirs)
+    forget_cache()
+    try:
+        return load_model(name.removesuffix(".service"), path, dirs)
+    except ConfigError as e:
+        die(str(e))
+
+
+@click.command("cat")
+@click.argument("name", shell_complete=complete_model_names)
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable: every key with its value and file.")
+def cat_command(name: str, as_json: bool) -> None:
+    """The merged model NAME: every value with the file it came from."""
+    from ...generator.errors import ConfigError
+    from ...generator.loader import search_path
+    from ...generator.model import build_model
+    merged = _load(name, search_path())
+    if as_json:
+        flat: dict[str, Any] = {}
+
+        def walk(data: dict[str, Any], prefix: str) -> None:
+            for key, value in data.items():
+                if isinstance(value, dict):
+                    walk(value, f"{prefix}{key}.")
+                else:
+                    flat[prefix + key] = {"value": value, "file": merged.file_of(prefix + key)}
+        walk(merged.data, "")
+        click.echo(json.dumps({"name": merged.name, "files": merged.sources, "keys": flat},
+                              indent=2, ensure_ascii=False, default=str))
+    else:
+        click.echo(format_merged(merged), nl=False)
+    try:
+        build_model(merged)
+    except ConfigError as e:
+        die(f"error: {e}")
+
+
+# ---------------------------------------------------------------- edit
+
+def _edit_dir(dirs: list[str]) -> str:
+    """Where operators write: /etc/infer-units on the default path, else the
+    first directory that is not the runtime one."""
+    for d in dirs:
+        if d.rstrip("/") == "/etc/infer-units":
+            return d
+    for d in dirs:
+        if d.rstrip("/") != "/run/infer-units":
+            return d
+    return dirs[0]
+
+
+def _editor() -> list[str]:
+    for var in ("SYSTEMD_EDITOR", "EDITOR", "VISUAL"):     # systemctl edit's order
+        if os.environ.get(var, "").strip():
+            return shlex.split(os.environ[var])
+    for candidate in ("editor", "nano", "vim", "vi"):
+        if shutil.which(candidate):
+            return [candidate]
+    die("no editor: set $EDITOR")
+    return []
+
+
+def _validate(name: str, dirs: list[str], edit_dir: str, content: str) -> tuple[list[str], list[str]]:
+    """(errors, warnings) of the model with `content` as its override: the
+    generator's own loading, on the search path with a directory holding only
+    the candidate drop-in placed just above edit_dir (so it replaces the old
+    override there and higher directories still win, as they will)."""
+    from ...generator.build import load_all
+    from ...generator.render import render
+    with tempfile.TemporaryDirectory(prefix="infer-units-edit-") as overlay:
+        candidate = os.path.join(overlay, f"{name}.toml.d", OVERRIDE)
+        os.makedirs(os.path.dirname(candidate))
+        with open(candidate, "w", encoding="utf-8") as f:
+            f.write(content)
+        at = dirs.index(edit_dir)
+        loaded = load_all([name], dirs[:at] + [overlay] + dirs[at:])
+        # name the file where it will be, not the overlay
+        shown = os.path.join(edit_dir, f"{name}.toml.d", OVERRIDE)
+        errors = [str(e).replace(candidate, shown) for e in loaded.errors]
+        warnings = [str(e).replace(candidate, shown) for e in loaded.conflicts]
+        for model in loaded.models:
+            try:
+                render(model)
+            except Exception as e:    # a render failure is a bug, but never keep what causes it
+                errors.append(f"{shown}: cannot render {model.unit_name}: {e}")
+        if not loaded.models and not errors:
+            errors.append(f"{shown}: the model no longer loads")
+    return errors, warnings
+
+
+def _reload() -> None:
+    if not os.path.isdir("/run/systemd/system"):
+        click.echo("infer-units: systemd is not running here: no daemon-reload", err=True)
+        return
+    from ..facts.systemd import daemon_reload
+    why_not = daemon_reload()
+    if why_not is not None:
+        die(f"systemctl daemon-reload failed: {why_not}")
+
+
+@click.command("edit")
+@click.argument("name", shell_complete=complete_model_names)
+@click.option("--no-reload", is_flag=True, help="Do not run systemctl daemon-reload afterwards.")
+def edit_command(name: str, no_reload: bool) -> None:
+    """Edit NAME's drop-in NAME.toml.d/override.toml in $EDITOR; kept only if
+    the model stays valid, then systemctl daemon-reload."""
+    from ...generator.loader import search_path
+    name = name.removesuffix(".service")
+    dirs = search_path()
+    merged = _load(name, dirs)
+    edit_dir = _edit_dir(dirs)
+    target = os.path.join(edit_dir, f"{name}.toml.d", OVERRIDE)
+    old = None
+    if os.path.exists(target):
+        with open(target, encoding="utf-8") as f:
+            old = f.read()
+    reference = format_merged(merged, comment="# ")
+    fd, temp = tempfile.mkstemp(prefix=f".#{name}-", suffix=".toml")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write((old if old is not None else
+                     f"# {target}: keys here override {name}'s other files\n"
+                     "# (tables merge key by key; scalars and arrays replace).\n\n"))
+            if old is not None and not old.endswith("\n"):
+                f.write("\n")
+            f.write(f"\n{MARKER}\n{reference}")
+        status = subprocess.call([*_editor(), temp])
+        if status != 0:
+            die(f"editor exited with status {status}: nothing changed")
+        with open(temp, encoding="utf-8") as f:
+            content = f.read().split(f"\n{MARKER}\n", 1)[0].split(MARKER, 1)[0]
+    finally:
+        os.unlink(temp)
+    if content.strip() == (old or "").strip() or (old is None and _only_comments(content)):
+        click.echo(f"infer-units: {target} unchanged", err=True)
+        return
+    if _only_comments(content):
+        os.unlink(target)
+        click.echo(f"infer-units: removed {target}", err=True)
+    else:
+        errors, warnings = _validate(name, dirs, edit_dir, content)
+        for warning in warnings:
+            click.echo(f"warning: {warning}", err=True)
+        if errors:
+            for error in errors:
+                click.echo(f"error: {error}", err=True)
+            die(f"{target} not written: the model would not load")
+        os.makedirs(os.path.dirname(target), exist_ok=True)
+        fd, staged = tempfile.mkstemp(prefix=".#override-", dir=os.path.dirname(target))
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(content.rstrip("\n") + "\n")
+        os.chmod(staged, 0o644)
+        os.replace(staged, target)      # atomic: the generator never sees half a file
+        click.echo(f"infer-units: wrote {target}", err=True)
+    if not no_reload:
+        _reload()
+
+
+def _only_comments(text: str) -> bool:
+    return all(not line.strip() or line.lstrip().startswith("#") for line in text.splitlines())

@@ -1,0 +1,123 @@
+"""`infer-units render` and `infer-units check`: what the generator would
+write, and whether model files are valid, before anything is installed."""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Any
+
+import click
+
+from ..exitcodes import CLEAN, CONFIG_ERROR
+from .options import complete_model_names, echo_json
+
+
+@click.command()
+@click.argument("names", nargs=-1, shell_complete=complete_model_names)
+@click.option("--output", type=click.Path(file_okay=False), metavar="DIR",
+              help="Write units here instead of stdout.  [default: stdout]")
+@click.option("--json", "as_json", is_flag=True,
+              help="Machine-readable: each unit's name, source, links and text (or path).")
+def render(names: tuple[str, ...], output: str | None, as_json: bool) -> None:
+    """Print (or write) what the generator would write for NAMES (default: every model)."""
+    from ...generator.build import load_all, render_checked
+    from ...generator.errors import ConfigError
+    from ...generator.main import write_unit
+
+    loaded = load_all(list(names))
+    for error in loaded.errors:
+        click.echo(f"error: {error}", err=True)
+    for conflict in loaded.conflicts:
+        click.echo(f"error: {conflict}", err=True)
+    missing = {n.removesuffix(".service") for n in names} - {m.name for m in loaded.models}
+    missing -= {e.model or e.path.rsplit("/", 1)[-1].removesuffix(".toml") for e in loaded.errors}
+    for name in sorted(missing):
+        click.echo(f"error: no model file named {name}.toml on the search path", err=True)
+    if output:
+        try:
+            os.makedirs(output, exist_ok=True)
+        except OSError as e:
+            click.echo(f"error: {output}: cannot create: {e.strerror}", err=True)
+            sys.exit(CONFIG_ERROR)
+    failed: list[str] = []
+    units: list[dict[str, Any]] = []
+    for model in loaded.models:
+        try:
+            rendered = render_checked(model)    # the unit, then its [liveness] companions
+            if output:
+                for unit in rendered:
+                    write_unit(output, unit)
+        except (ConfigError, OSError) as e:
+            what = e if isinstance(e, ConfigError) else f"{model.main_path}: cannot write: {e.strerror}"
+            click.echo(f"error: {what}", err=True)
+            failed.append(str(what))
+            continue
+        for unit in rendered:
+            entry = {"name": unit.name, "source": model.main_path, "links": list(unit.links)}
+            if output:
+                entry["path"] = os.path.join(output, unit.name)
+            else:
+                entry["text"] = unit.text
+            units.append(entry)
+            if as_json:
+                continue
+            if output:
+                click.echo(entry["path"])
+            else:
+                click.echo(f"# {unit.name}" + (f" (linked from {', '.join(unit.links)})" if unit.links else ""))
+                click.echo(unit.text)
+    code = CONFIG_ERROR if loaded.errors or missing or failed else CLEAN
+    if as_json:
+        echo_json({"units": units, "errors": [str(e) for e in loaded.errors] + failed +
+                   [f"no model file named {n}.toml on the search path" for n in sorted(missing)],
+                   "conflicts": [str(c) for c in loaded.conflicts], "exit": code})
+    sys.exit(code)
+
+
+@click.command()
+@click.argument("names", nargs=-1, shell_complete=complete_model_names)
+@click.option("--json", "as_json", is_flag=True,
+              help="Machine-readable: the files that passed and every error.")
+@click.option("--verify/--no-verify", default=True,
+              help="Also run systemd-analyze verify (where installed) on the units; its "
+                   "findings are warnings.")
+def check(names: tuple[str, ...], as_json: bool, verify: bool) -> None:
+    """Validate model files: NAMES on the search path, or PATHS anywhere.
+
+    Also GPU and port overlaps between models, and what systemd-analyze verify
+    says of the units they would get (warnings); exit 1 on any error."""
+    from ...generator.build import load_all, render_checked
+    from ...generator.errors import ConfigError
+
+    loaded = load_all(list(names))
+    problems: list[Any] = [*loaded.errors, *loaded.conflicts]
+    passed: list[dict[str, str]] = []
+    for problem in problems:
+        click.echo(f"error: {problem}", err=True)
+    rendered = []
+    for model in loaded.models:
+        try:
+            units = render_checked(model)
+        except ConfigError as e:
+            click.echo(f"error: {e}", err=True)
+            problems.append(e)
+            continue
+        rendered += units
+        passed.append({"path": model.main_path, "unit": model.unit_name})
+        if not as_json:
+            click.echo(f"ok: {model.main_path} -> {model.unit_name}")
+    findings = None
+    if verify and rendered:
+        from .verify import verify_units
+        findings = verify_units(rendered)
+        for lines in (findings or {}).values():
+            for line in lines:
+                click.echo(f"warning: systemd-analyze verify: {line}", err=True)
+    if not loaded.models and not problems:
+        click.echo("no model files on the search path", err=True)
+    code = CONFIG_ERROR if problems else CLEAN
+    if as_json:
+        echo_json({"ok": passed, "errors": [str(p) for p in problems],
+                   "verify": findings, "exit": code})
+    sys.exit(code)

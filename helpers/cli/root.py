@@ -1,0 +1,83 @@
+"""The `infer-units` click group.  Exit codes (DESIGN.md): 0 done/clean,
+1 usage or config error, 2 blocked, 3 timed out with holders left.
+
+Commands come from helpers/commands.py, each module imported only when its
+command runs (or --help lists it); the unit hooks are there too, hidden,
+forwarded as they are to their argparse parsers (hooks/unit.py), so callers
+of `main` itself reach them."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from typing import Any
+
+import click
+
+from .. import commands
+from ..exitcodes import CONFIG_ERROR
+
+
+def _module(name: str) -> Any:
+    """A module of helpers/commands.py's table ("cli.gpu"), imported now."""
+    return importlib.import_module(f"{__package__.rpartition('.')[0]}.{name}")
+
+
+def _hook(name: str, summary: str) -> click.Command:
+    """Hidden from --help (operators never type them; `infer-units NAME
+    --help` still works): parsed once, by the hook's own argparse."""
+    @click.command(name, help=summary, add_help_option=False, hidden=True,
+                   context_settings={"ignore_unknown_options": True, "allow_extra_args": True})
+    @click.pass_context
+    def command(ctx: click.Context) -> None:
+        module, function, _summary = commands.HOOKS[name]
+        sys.exit(getattr(_module(module), function)(ctx.args))
+    return command
+
+
+class _Group(click.Group):
+    """The commands of helpers/commands.py, loaded lazily.  click's usage
+    errors exit 2, which here means "blocked": make them 1."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted([*commands.COMMANDS, *commands.HOOKS])
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        if cmd_name in commands.HOOKS:
+            return _hook(cmd_name, commands.HOOKS[cmd_name][2])
+        if cmd_name not in commands.COMMANDS:
+            return None
+        module, attr = commands.COMMANDS[cmd_name]
+        command: click.Command = getattr(_module(module), attr)
+        return command
+
+    def main(self, *args: Any, **kwargs: Any) -> Any:
+        try:
+            kwargs.setdefault("prog_name", "infer-units")
+            run: Any = super().main      # click's overloads pin standalone_mode's type
+            return run(*args, standalone_mode=False, **kwargs)
+        except click.UsageError as e:
+            # One line (the journal, scripts): which command, what is wrong.
+            where = e.ctx.command_path if e.ctx else "infer-units"
+            click.echo(f"{where}: {' '.join(e.format_message().split())} (see --help)", err=True)
+            sys.exit(CONFIG_ERROR)
+        except click.exceptions.Exit as e:
+            sys.exit(e.exit_code)
+        except click.Abort:
+            sys.exit(CONFIG_ERROR)
+
+
+# show_default: every option's default in --help (the subcommands inherit it).
+@click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"],
+                                           "show_default": True})
+@click.version_option(package_name=None, version=__import__("infer_units").__version__)
+def main() -> None:
+    """Systemd services for multi-GPU inference servers that clean their GPUs."""
+
+
+def all_commands() -> dict[str, click.Command]:
+    """Every command, the hidden hooks included, loaded (the man page, the
+    README's table and the tests read them)."""
+    ctx = click.Context(main, info_name="infer-units")
+    found = {name: main.get_command(ctx, name) for name in main.list_commands(ctx)}
+    return {name: command for name, command in found.items() if command is not None}

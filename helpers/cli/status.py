@@ -1,0 +1,203 @@
+"""`infer-units status`: per model, systemd's view (pystemd), its GPUs with
+memory and processes, its port, and whether health answers."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from ...generator.build import load_all
+from ...generator.model import Model
+from ...generator.render import health_url
+from ..decide.attribution import attribute
+from ..facts.gpus import GpuError, backend, select
+from ..decide.health import check_gpus, worst
+from ..act.liveness import cell as liveness_cell, view as liveness_view
+from ..act.metrics import load_state
+from ..act.ready import probe
+from ..facts.systemd import SystemdUnavailable, unit_state
+from .table import format_table
+
+SCHEMA_VERSION = 1
+
+
+def _gpu_view(model: Model) -> dict[str, Any]:
+    selector = model.gpu_selector()
+    if selector is None:
+        return {"available": True, "gpus": [], "processes": []}
+    try:
+        b = backend()
+        gpus = select(b.gpus(), selector)
+        seen = attribute(b, gpus, own_unit=model.unit_name)
+        used = b.memory(gpus)
+        health = check_gpus(b, gpus)
+    except GpuError as e:
+        return {"available": False, "error": str(e), "gpus": [], "processes": []}
+    return {
+        "available": True, "backend": b.name, "exact": b.exact,
+        "unseen": seen.unseen,
+        "unaccounted_mib": {str(k): v for k, v in sorted(seen.unaccounted.items())},
+        # the same "used" as holders and the reaper (NVML v2: without the
+        # driver's own reservation), v1's where v2 is not there
+        "gpus": [{"index": g.index, "uuid": g.uuid,
+                  "memory_used_mib": used.get(g.index, (g.memory_used_mib,))[0],
+                  "memory_total_mib": g.memory_total_mib,
+                  # doctor's checks of this GPU: its worst level and what is not ok
+                  "health": {"level": worst(health.of_gpu(g.index)),
+                             "findings": [f.as_json() for f in health.of_gpu(g.index)
+                                          if f.level != "ok"]}} for g in gpus],
+        "processes": [{"pid": h.info.pid, "kind": h.kind, "unit": h.info.unit,
+                       "gpus": sorted(h.use.gpus),
+                       "memory_mib": sum(h.use.memory_mib.values()) or None,
+                       "cmdline": h.info.cmdline[:200]} for h in seen.holders],
+    }
+
+
+def _rss_mib(pid: int) -> int | None:
+    if not pid:
+        return None
+    import psutil
+    try:
+        return psutil.Process(pid).memory_info().rss // (1 << 20)
+    except psutil.Error:
+        return None
+
+
+def model_status(model: Model) -> dict[str, Any]:
+    entry: dict[str, Any] = {"name": model.name, "unit": model.unit_name,
+                             "source": model.main_path, "engine": model.engine,
+                             "port": model.port, "health_url": health_url(model)}
+    try:
+        state = unit_state(model.unit_name)
+        entry["systemd"] = {"available": True, **state.as_json()}
+        entry["since_s"] = (round(time.time() - state.active_since_us / 1e6, 1)
+                            if state.active_since_us and state.active_state == "active" else None)
+        entry["main_rss_mib"] = _rss_mib(state.main_pid)
+    except SystemdUnavailable as e:
+        entry["systemd"] = {"available": False, "error": str(e)}
+    entry["gpu"] = _gpu_view(model)
+    url = entry["health_url"]
+    if url:
+        ok, answer = probe(url, 2.0)
+        entry["health"] = {"ok": ok, "answer": answer}
+    else:
+        entry["health"] = None
+    entry["metrics"] = load_state(model.unit_name)
+    if model.nodes is not None:
+        entry["nodes"] = _nodes_view(model, entry)
+    entry["liveness"] = liveness_view(model)
+    return entry
+
+
+def _nodes_view(model: Model, entry: dict[str, Any]) -> dict[str, Any]:
+    """A multi-node model: this host's rank, the head, and the group as this
+    host sees it (health is the head's: it answers only for a whole group)."""
+    nodes = model.nodes
+    assert nodes is not None
+    sd = entry["systemd"]
+    if entry["health"] and entry["health"]["ok"]:
+        group = "healthy"
+    elif sd.get("available") and sd.get("sub_state") == "start-pre" and not nodes.is_head:
+        group = "parked"        # waiting for the head to form a group
+    elif sd.get("available") and sd.get("active_state") == "activating":
+        group = "forming"
+    else:
+        group = "down"
+    return {"rank": nodes.rank, "hosts": list(nodes.hosts), "head": nodes.hosts[0],
+            "group": group}
+
+
+def collect(names: list[str]) -> dict[str, Any]:
+    """"unknown": names given that no model file has (the CLI exits 1)."""
+    loaded = load_all(names)
+    unknown = unknown_names(names, loaded)
+    return {"schema": SCHEMA_VERSION,
+            "models": [model_status(m) for m in loaded.models],
+            "errors": [str(e) for e in loaded.errors + loaded.conflicts],
+            "unknown": unknown}
+
+
+def unknown_names(names: list[str], loaded: Any) -> list[str]:
+    """Names given that no model file has (status and doctor exit 1)."""
+    known = {m.name for m in loaded.models} | {_file_name(str(e.path)) for e in loaded.errors}
+    return sorted({n.removesuffix(".service") for n in names} - known)
+
+
+def _file_name(path: str) -> str:
+    base = path.rsplit("/", 1)[-1]
+    parent = path.rsplit("/", 2)[-2] if path.count("/") >= 2 else ""
+    return parent[:-len(".toml.d")] if parent.endswith(".toml.d") else base.removesuffix(".toml")
+
+
+def _age(seconds: float | None) -> str:
+    from ...generator.durations import format_seconds
+    return "-" if seconds is None else format_seconds(seconds, "about")
+
+
+def table(report: dict[str, Any]) -> str:
+    rows = [("MODEL", "STATE", "PID", "SINCE", "RESTARTS", "GPUS", "MEM MiB", "PORT", "HEALTH",
+             "LIVENESS")]
+    notes: list[str] = []
+    for m in report["models"]:
+        sd = m["systemd"]
+        if sd["available"]:
+            state = f"{sd['active_state']}/{sd['sub_state']}"
+            pid, restarts = str(sd["main_pid"] or "-"), str(sd["restarts"])
+        else:
+            state, pid, restarts = "systemd unavailable", "-", "-"
+            notes.append(f"{m['name']}: {sd['error']}")
+        if m.get("nodes"):
+            n = m["nodes"]
+            notes.append(f"{m['name']}: rank {n['rank']} of {len(n['hosts'])}, head {n['head']}, "
+                         f"group {n['group']}")
+        gpu = m["gpu"]
+        if gpu["available"]:
+            gpus = ",".join(str(g["index"]) for g in gpu["gpus"]) or "-"
+            used = [g["memory_used_mib"] for g in gpu["gpus"] if g["memory_used_mib"] is not None]
+            mem = str(sum(used)) if used else "-"
+            foreign = [p for p in gpu["processes"] if p["kind"] != "own"]
+            if foreign:
+                notes.append(f"{m['name']}: also on its GPUs: " +
+                             ", ".join(f"pid {p['pid']} ({p['kind']})" for p in foreign))
+            for index, mib in gpu.get("unaccounted_mib", {}).items():
+                notes.append(f"{m['name']}: GPU {index}: {mib} MiB used by no visible process")
+            for g in gpu["gpus"]:
+                for f in g.get("health", {}).get("findings", []):
+                    if f["level"] in ("warning", "error"):
+                        notes.append(f"{m['name']}: GPU {g['index']} {f['check']} {f['level']}: "
+                                     f"{f['fact']}")
+            if gpu.get("unseen"):
+                from ..facts.gpus import unseen_message
+                notes.append(f"{m['name']}: {unseen_message(gpu['unseen'])}")
+        else:
+            gpus, mem = "?", "-"
+            notes.append(f"{m['name']}: GPUs unknown: {gpu['error']}")
+        health = m["health"]
+        answer = "-" if health is None else ("ok" if health["ok"] else health["answer"][:30])
+        rows.append((m["name"], state, pid, _age(m.get("since_s")), restarts, gpus, mem,
+                     str(m["port"] or "-"), answer, liveness_cell(m.get("liveness"))))
+    lines = format_table(rows)
+    lines += [f"error: {e}" for e in report["errors"]] + [f"note: {n}" for n in notes]
+    return "\n".join(lines)
+
+
+# Exit codes of `infer-units status` (README "Commands"):
+#   1  an unknown name, or systemd could not be asked about some model: like
+#      systemctl without a running systemd ("System has not been booted with
+#      systemd", exit 1); the report cannot say whether models run.
+#   3  a model is failed: `systemctl status` exits 3 for a unit that is not
+#      running (LSB), so scripts and monitoring read it the same way.  The
+#      number is also DESIGN's "timed out with holders left"; status never
+#      reaps, so the two cannot meet in one command.
+#   0  otherwise (stopped models are not failures: an operator stopped them).
+FAILED = 3
+
+
+def exit_code(report: dict[str, Any]) -> int:
+    from ..exitcodes import CLEAN, CONFIG_ERROR
+    models = report["models"]
+    if report["unknown"] or any(not m["systemd"]["available"] for m in models):
+        return CONFIG_ERROR
+    if any(m["systemd"].get("active_state") == "failed" for m in models):
+        return FAILED
+    return CLEAN

@@ -1,0 +1,189 @@
+"""What /proc says about one pid: name, command line, owner, state, cgroup and
+the systemd unit or container that cgroup belongs to."""
+
+from __future__ import annotations
+
+import os
+import pwd
+import re
+from dataclasses import dataclass
+
+# Command lines go into one journal line each: control characters escaped, as
+# the generator escapes paths and values in its messages.
+from ...generator.errors import one_line
+
+_CONTAINER_PATTERNS = (
+    (re.compile(r"docker-([0-9a-f]{12,})\.scope"), "docker"),
+    (re.compile(r"/docker/([0-9a-f]{12,})"), "docker"),
+    (re.compile(r"libpod-([0-9a-f]{12,})\.scope"), "podman"),
+    (re.compile(r"cri-containerd-([0-9a-f]{12,})\.scope"), "containerd"),
+    (re.compile(r"crio-([0-9a-f]{12,})\.scope"), "cri-o"),
+    (re.compile(r"lxc\.payload\.([^/]+)"), "lxc"),
+    (re.compile(r"machine-([^/]+)\.scope"), "machine"),
+)
+
+
+@dataclass(frozen=True)
+class ProcInfo:
+    pid: int
+    ppid: int
+    comm: str            # kernel name, at most 15 characters
+    exe_name: str        # basename of argv[0] (untruncated)
+    cmdline: str
+    user: str
+    state: str           # R, S, D, Z, T ...
+    start_time: int      # clock ticks since boot: identifies the process across pid reuse
+    cgroup: str
+    unit: str | None     # "sglang-qwen.service", "session-3.scope", ...
+    container: str | None
+    # State Z with no live thread: exited, not yet reaped by its parent.  It
+    # holds nothing and its cgroup reads "/" (it left it): never "foreign".
+    exited: bool = False
+
+    def describe(self) -> str:
+        where = self.unit or (f"container {self.container}" if self.container else self.cgroup)
+        return f"pid {self.pid} ({self.comm}, user {self.user}, {where}): {self.cmdline}"
+
+
+def _read(path: str) -> str | None:
+    try:
+        with open(path, "rb") as f:
+            return f.read().decode(errors="replace")
+    except OSError:
+        return None
+
+
+def read_stat(pid: int) -> tuple[str, int, int] | None:
+    """(state, ppid, start_time) from /proc/PID/stat; None once the pid is gone."""
+    raw = _read(f"/proc/{pid}/stat")
+    if raw is None:
+        return None
+    rest = raw[raw.rfind(")") + 2:].split()
+    return rest[0], int(rest[1]), int(rest[19])
+
+
+def wchan(pid: int) -> str:
+    return (_read(f"/proc/{pid}/wchan") or "?").strip() or "-"
+
+
+def unit_of_cgroup(cgroup: str) -> str | None:
+    """The innermost systemd unit in a cgroup path (services win over slices)."""
+    for part in reversed(cgroup.split("/")):
+        if part.endswith((".service", ".scope")):
+            return part
+    return None
+
+
+def container_of_cgroup(cgroup: str) -> str | None:
+    for pattern, kind in _CONTAINER_PATTERNS:
+        m = pattern.search(cgroup)
+        if m:
+            return f"{kind}:{m.group(1)[:12]}"
+    return None
+
+
+def read_cgroup(pid: int, tid: int | None = None) -> str:
+    """The unified (v2) path, or the name=systemd one on hybrid hosts; "" when
+    it cannot be read (the process is gone).  `tid`: one thread's view."""
+    raw = _read(f"/proc/{pid}/cgroup" if tid is None else f"/proc/{pid}/task/{tid}/cgroup")
+    if raw is None:
+        return ""
+    v2 = systemd = ""
+    for line in raw.splitlines():
+        hid, _, rest = line.partition(":")
+        controllers, _, path = rest.partition(":")
+        if hid == "0" and controllers == "":
+            v2 = path
+        elif controllers == "name=systemd":
+            systemd = path
+    # On hybrid hierarchies systemd tracks units in name=systemd.
+    return systemd if systemd and systemd != "/" else (v2 or systemd or "/")
+
+
+def _user(pid: int) -> str:
+    try:
+        uid = os.stat(f"/proc/{pid}").st_uid
+    except OSError:
+        return "?"
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return str(uid)
+
+
+def read_proc(pid: int) -> ProcInfo | None:
+    """One consistent look at a process, or None when it is gone.  stat is read
+    before and after the other files: a process that exits (or whose pid is
+    reused) meanwhile would otherwise come back with an empty cgroup, i.e. as
+    "foreign", and a dying process of another service is not foreign."""
+    for _attempt in range(3):
+        stat = read_stat(pid)
+        if stat is None:
+            return None
+        comm = (_read(f"/proc/{pid}/comm") or "?").strip()
+        raw_cmd = _read(f"/proc/{pid}/cmdline") or ""
+        cgroup = read_cgroup(pid)
+        again = read_stat(pid)
+        if again is None:
+            return None
+        if again[2] == stat[2] and cgroup:
+            break
+        # A new process under the pid, or the cgroup unreadable: look again.
+    else:
+        return None
+    state, ppid, start_time = again
+    exited = False
+    if state == "Z":
+        # A zombie leader's own cgroup file says "/" although its live threads
+        # (which may hold the GPU) are still in their service's cgroup: ask them.
+        live = _live_thread_cgroup(pid)
+        if live is None:
+            exited = True
+        else:
+            cgroup = live
+    argv = [a for a in raw_cmd.split("\0") if a] if raw_cmd else []
+    return ProcInfo(pid=pid, ppid=ppid, comm=comm,
+                    exe_name=os.path.basename(argv[0]) if argv else comm,
+                    cmdline=one_line(" ".join(argv)) if argv else f"[{comm}]",
+                    user=_user(pid), state=state, start_time=start_time,
+                    cgroup=cgroup, unit=unit_of_cgroup(cgroup),
+                    container=container_of_cgroup(cgroup), exited=exited)
+
+
+def _live_thread_cgroup(pid: int) -> str | None:
+    """The cgroup of a live thread of a process whose leader is a zombie; None
+    when no thread is left."""
+    try:
+        tids = [int(t) for t in os.listdir(f"/proc/{pid}/task") if t != str(pid)]
+    except OSError:
+        return None
+    for tid in tids:
+        cgroup = read_cgroup(pid, tid)
+        if cgroup:
+            return cgroup
+    return None
+
+
+def matches_name(info: ProcInfo, names: tuple[str, ...] | list[str]) -> bool:
+    """By argv[0]'s basename; comm is cut at 15 characters ("nvidia-persiste"),
+    so it only decides for names that fit it or when there is no argv."""
+    for name in names:
+        if info.exe_name == name:
+            return True
+        if info.comm == name:
+            return True
+        if len(name) > 15 and info.comm == name[:15] and info.cmdline.startswith("["):
+            return True
+    return False
+
+
+def ancestors(pid: int) -> set[int]:
+    """pid and every parent up to init: a reaper must never signal its own chain."""
+    chain = set()
+    while pid > 0 and pid not in chain:
+        chain.add(pid)
+        stat = read_stat(pid)
+        if stat is None:
+            break
+        pid = stat[1]
+    return chain

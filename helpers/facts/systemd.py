@@ -1,0 +1,255 @@
+"""The one module that talks to systemd (pystemd over D-Bus).  It decodes
+pystemd's bytes into str so nothing else sees them, and turns "no systemd
+here" into SystemdUnavailable."""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+from typing import Any
+
+
+class SystemdUnavailable(Exception):
+    pass
+
+
+@dataclass(frozen=True)
+class UnitState:
+    name: str
+    load_state: str
+    active_state: str
+    sub_state: str
+    result: str
+    main_pid: int
+    active_since_us: int        # realtime µs of the last ActiveEnter (0: never)
+    restarts: int
+    exec_main_status: int
+    fragment_path: str
+    source_path: str
+
+    def as_json(self) -> dict[str, Any]:
+        return {"name": self.name, "load_state": self.load_state,
+                "active_state": self.active_state, "sub_state": self.sub_state,
+                "result": self.result, "main_pid": self.main_pid,
+                "active_since": self.active_since_us / 1e6 if self.active_since_us else None,
+                "restarts": self.restarts, "source_path": self.source_path}
+
+
+def _s(value: Any) -> str:
+    return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
+
+
+def _unit(name: str) -> Any:
+    try:
+        from pystemd.systemd1 import Unit
+        unit = Unit(name.encode())
+        unit.load()
+        return unit
+    except ImportError as e:
+        raise SystemdUnavailable(f"pystemd is not installed: {e}") from None
+    except Exception as e:  # pystemd raises DBusError subclasses and OSError
+        raise SystemdUnavailable(f"cannot reach systemd over D-Bus: {e}") from None
+
+
+def unit_state(name: str) -> UnitState:
+    unit = _unit(name)
+    try:
+        u, svc = unit.Unit, unit.Service
+        return UnitState(
+            name=name, load_state=_s(u.LoadState), active_state=_s(u.ActiveState),
+            sub_state=_s(u.SubState), result=_s(svc.Result), main_pid=int(svc.MainPID),
+            active_since_us=int(u.ActiveEnterTimestamp), restarts=int(svc.NRestarts),
+            exec_main_status=int(svc.ExecMainStatus), fragment_path=_s(u.FragmentPath),
+            source_path=_s(u.SourcePath))
+    except Exception as e:
+        raise SystemdUnavailable(f"cannot read {name}: {e}") from None
+
+
+def _manager() -> Any:
+    try:
+        from pystemd.systemd1 import Manager
+        manager = Manager()
+        manager.load()
+        return manager
+    except ImportError as e:
+        raise SystemdUnavailable(f"pystemd is not installed: {e}") from None
+    except Exception as e:
+        raise SystemdUnavailable(f"cannot reach systemd over D-Bus: {e}") from None
+
+
+def list_units(patterns: list[str]) -> list[str]:
+    """Loaded units matching glob patterns (e.g. "*.service")."""
+    manager = _manager()
+    try:
+        rows = manager.Manager.ListUnitsByPatterns([], [p.encode() for p in patterns])
+    except Exception as e:
+        raise SystemdUnavailable(f"ListUnitsByPatterns failed: {e}") from None
+    return sorted(_s(row[0]) for row in rows)
+
+
+def list_unit_states(patterns: list[str]) -> dict[str, str]:
+    """Loaded units matching glob patterns -> their ActiveState, in one call."""
+    manager = _manager()
+    try:
+        rows = manager.Manager.ListUnitsByPatterns([], [p.encode() for p in patterns])
+    except Exception as e:
+        raise SystemdUnavailable(f"ListUnitsByPatterns failed: {e}") from None
+    return {_s(row[0]): _s(row[3]) for row in sorted(rows)}
+
+
+def _has_job(name: str) -> bool:
+    try:
+        return int(_unit(name).Unit.Job[0]) != 0
+    except SystemdUnavailable:
+        raise
+    except Exception as e:
+        raise SystemdUnavailable(f"cannot read {name}'s job: {e}") from None
+
+
+def start_units(names: list[str], timeout: float | None) -> dict[str, str]:
+    """Queue a start job for each unit, then wait (up to `timeout`; None: not
+    at all) until each is active or failed.  Returns unit -> ActiveState, or
+    "not started: why" for a unit systemd refused to queue."""
+    manager = _manager()
+    refused: dict[str, str] = {}
+    for name in names:
+        try:
+            manager.Manager.StartUnit(name.encode(), b"replace")
+        except Exception as e:   # e.g. the model file was removed meanwhile: start the rest
+            refused[name] = f"not started: {_s(e)}"
+    queued = [n for n in names if n not in refused]
+    deadline = time.monotonic() + (timeout or 0.0)
+    while True:
+        states = {n: unit_state(n).active_state for n in queued}
+        # "inactive" with its start job still queued has not begun yet
+        settled = all(s in ("active", "failed") or (s == "inactive" and not _has_job(n))
+                      for n, s in states.items())
+        if settled or timeout is None or time.monotonic() >= deadline:
+            return {**states, **refused}
+        time.sleep(0.2)
+
+
+def stop_units(names: list[str], timeout: float) -> list[str]:
+    """Stop units and wait until each is inactive or failed; returns those that are not."""
+    manager = _manager()
+    for name in names:
+        try:
+            manager.Manager.StopUnit(name.encode(), b"replace")
+        except Exception as e:
+            raise SystemdUnavailable(f"StopUnit {name} failed: {e}") from None
+    deadline = time.monotonic() + timeout
+    pending = list(names)
+    while pending and time.monotonic() < deadline:
+        pending = [n for n in pending
+                   if unit_state(n).active_state not in ("inactive", "failed")]
+        if pending:
+            time.sleep(0.1)
+    return pending
+
+
+def cancel_own_start(unit: str) -> str | None:
+    """Queue a stop job for `unit` without waiting (it replaces our own start
+    job): a start refused as blocked must not come back through Restart=,
+    which systemd applies to failed ExecStartPre= too (RestartPreventExitStatus=
+    only looks at the main process).  Returns why it could not, or None."""
+    try:
+        _manager().Manager.StopUnit(unit.encode(), b"replace")
+        return None
+    except SystemdUnavailable as e:
+        return str(e)
+    except Exception as e:
+        return f"StopUnit failed: {e}"
+
+
+def main_exit_status(invocation_id: str | None, pid: int | None, wait_s: float = 1.0) -> int | None:
+    """The exit status systemd recorded for our unit's main process, waiting
+    briefly for systemd to notice the death; None when unknown."""
+    from .procinfo import read_cgroup, unit_of_cgroup
+    unit = unit_of_cgroup(read_cgroup(os.getpid()))
+    if not unit or not invocation_id:
+        return None
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            svc = _unit(unit).Service
+            if int(svc.ExecMainCode) != 0 and (pid is None or int(svc.ExecMainPID) == pid):
+                return int(svc.ExecMainStatus)
+        except SystemdUnavailable:
+            return None
+        except Exception:
+            return None
+        if time.monotonic() >= deadline:
+            return None
+        time.sleep(0.05)
+
+
+class ModelState:
+    """What systemd says about the model when a probe failed."""
+    __slots__ = ("active_state", "sub_state", "invocation", "job")
+
+    def __init__(self, active_state: str, sub_state: str, invocation: str, job: str) -> None:
+        self.active_state = active_state
+        self.sub_state = sub_state
+        self.invocation = invocation
+        self.job = job          # "" or the type of the job pending on it ("stop", ...)
+
+    @property
+    def serving(self) -> bool:
+        """Active, its server running, nothing queued: loading, stopping and
+        restarting are never probed against."""
+        return self.active_state == "active" and self.sub_state == "running" and not self.job
+
+    def describe(self) -> str:
+        return f"{self.active_state}/{self.sub_state}" + (f", {self.job} job" if self.job else "")
+
+
+
+class Liveness:
+    """The model's state and the two jobs the liveness probe queues.  Never
+    raises: a probe that cannot ask systemd skips (None) or says why not."""
+
+    def model_state(self, unit: str) -> ModelState | None:
+        try:
+            u = _unit(unit)
+            job = u.Unit.Job    # (id, object path); id 0: none
+            job_type = ""
+            if job and int(job[0]):
+                from pystemd.base import SDObject
+                j = SDObject(destination=b"org.freedesktop.systemd1", path=job[1])
+                j.load()
+                job_type = _s(j.Job.JobType) or "some"
+            return ModelState(_s(u.Unit.ActiveState), _s(u.Unit.SubState),
+                              bytes(u.Unit.InvocationID).hex(), job_type)
+        except Exception as e:  # SystemdUnavailable, pystemd's DBusError subclasses, OSError
+            from ...generator.log import say
+            say(5, f"cannot ask systemd about {unit}: {e}", ident="")
+            return None
+
+    def _queue(self, method: str, unit: str) -> str | None:
+        """None when queued, else why not.  Mode "fail": never replaces a job
+        an operator queued (a pending stop stays a stop)."""
+        try:
+            getattr(_manager().Manager, method)(unit.encode(), b"fail")
+            return None
+        except Exception as e:
+            return str(e) or type(e).__name__
+
+    def try_restart(self, unit: str) -> str | None:
+        # try-restart: a unit that is not running (stopped meanwhile) stays so.
+        return self._queue("TryRestartUnit", unit)
+
+    def stop(self, unit: str) -> str | None:
+        return self._queue("StopUnit", unit)
+
+
+def daemon_reload() -> str | None:
+    """systemctl daemon-reload over D-Bus, waiting until it is done (the
+    Reload call returns when the generators have run); why not, or None."""
+    try:
+        _manager().Manager.Reload()
+        return None
+    except SystemdUnavailable as e:
+        return str(e)
+    except Exception as e:
+        return f"Reload failed: {e}"

@@ -1,0 +1,351 @@
+"""The commands generated units run: pre-start, wait-ready, wait-free,
+liveness-probe (helpers/commands.py HOOKS lists them).
+
+They run on every start and stop, so they are parsed here, once, with
+argparse, and never import click (which alone costs a third of a hook's
+start-up); `infer-units pre-start ...` reaches them through helpers/entry.py.
+What they do lives in facts/, decide/ and act/, shared with the operator
+commands.  Their options take choices and defaults from generator/settings.py,
+as the model files do.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+import time
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any, Callable, NoReturn
+
+    from ..decide.claims import GpuClaims
+    from ..facts.gpus import Backend, Gpu
+
+from ...generator import settings
+from ...generator.log import say
+from .. import argtypes, exitcodes
+from ..argtypes import unit_name
+from ..facts.ports import wait_port_reporting
+
+ERR, WARNING, NOTICE, INFO = 3, 4, 5, 6     # syslog priorities: journalctl -p
+
+
+def _say(message: str, priority: int = INFO) -> None:
+    say(priority, message)
+
+
+def _checked(check: Callable[[str], Any]) -> Callable[[str], Any]:
+    """An argparse type from an argtypes check: its reason, one line, exit 1."""
+    def convert(text: str) -> Any:
+        try:
+            return check(text)
+        except ValueError as e:
+            raise argparse.ArgumentTypeError(str(e)) from None
+    convert.__name__ = check.__name__
+    return convert
+
+
+_duration = _checked(argtypes.duration)
+_port = _checked(argtypes.port)
+_unit = _checked(argtypes.unit)
+_count = _checked(argtypes.count)
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:  # usage errors are exit 1 here, not argparse's 2
+        _say(f"{self.prog}: {message} (see --help)", ERR)   # one line: it lands in the journal
+        sys.exit(exitcodes.CONFIG_ERROR)
+
+
+def _gpus_or_exit(selector: str) -> tuple[Backend, list[Gpu]]:
+    from ..facts.gpumemory import chosen
+    from ..facts.gpus import GpuError
+    try:
+        return chosen(selector)
+    except GpuError as e:
+        _say(str(e), ERR)
+        sys.exit(exitcodes.CONFIG_ERROR)
+
+
+# ------------------------------------------------------------------ pre-start
+
+def _refuse_without_restart(unit: str | None) -> None:
+    """Blocked: cancel our own start job so Restart=on-failure does not retry
+    until the other service lets go of the GPUs and then take them unasked."""
+    from ..facts.procinfo import read_cgroup, unit_of_cgroup
+    if not unit or unit_of_cgroup(read_cgroup(os.getpid())) != unit:
+        _say(f"not in {unit}'s cgroup ({read_cgroup(os.getpid())}): no start job to cancel")
+        return      # run by hand, not as the unit's ExecStartPre
+    from ..facts.systemd import cancel_own_start
+    # The stop job SIGTERMs us.  A Python handler runs only between bytecodes
+    # and was seen on H200 to lose the race (the hook ended by 15/TERM): ignore
+    # the signal instead, so we always leave with "blocked" (exit 2) ourselves,
+    # at once after the cancel.
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    _say(f"start of {unit} refused; no automatic restart (systemctl start it again "
+         "once the GPUs are free)", ERR)
+    why_not = cancel_own_start(unit)
+    if why_not is not None:
+        _say(f"could not cancel the start of {unit} ({why_not}): Restart= may retry it", WARNING)
+
+
+def pre_start(argv: list[str]) -> int:
+    p = _Parser(prog="infer-units pre-start",
+                description="ExecStartPre: claim the unit's GPUs, reap them, wait until "
+                            "they and the port are free, run the P2P self-test.")
+    p.add_argument("--unit", required=True, type=_unit)
+    p.add_argument("--gpus", help='GPUs to clean: "0,1", UUIDs, PCI ids or "all"')
+    p.add_argument("--foreign", choices=settings.REAP_FOREIGN,
+                   default=settings.default("reap.foreign"))
+    p.add_argument("--term-grace", type=_duration, default=settings.default("reap.term-grace"))
+    p.add_argument("--timeout", type=_duration, default=settings.default("reap.timeout"))
+    p.add_argument("--ignore", action="append", default=[])
+    p.add_argument("--port", type=_port)
+    p.add_argument("--host", default=settings.default("host"))
+    p.add_argument("--env-file", help="where resolved CUDA_VISIBLE_DEVICES / P2P results go")
+    p.add_argument("--resolve-pci", action="store_true",
+                   help="write CUDA_VISIBLE_DEVICES (UUIDs) for PCI selectors")
+    p.add_argument("--p2p", action="store_true", help="run the P2P self-test")
+    p.add_argument("--python", default=sys.executable, help="interpreter with torch")
+    p.add_argument("--user", help="the model's user: the self-test runs as them, never as root")
+    p.add_argument("--p2p-env", action="append", default=[], metavar="NAME=VALUE",
+                   help="the server's environment ([env]) for the self-test")
+    p.add_argument("--p2p-off-args", default="",
+                   help="server argv that P2P off needs beyond NCCL_P2P_DISABLE=1 "
+                        "(e.g. --disable-custom-all-reduce), written to the env file")
+    p.add_argument("--wait-rendezvous", metavar="HOST:PORT",
+                   help="multi-node worker: then wait (unbounded) until the head forms a "
+                        "group there")
+    p.add_argument("--head-url", help="multi-node worker: the head's health URL (its HTTP "
+                                      "port refuses while the head forms a group)")
+    p.add_argument("--p2p-off-env", action="append", default=[], metavar="NAME=VALUE",
+                   help="environment that P2P off needs beyond NCCL_P2P_DISABLE=1 "
+                        "(e.g. VLLM_ALLREDUCE_USE_FLASHINFER=0), written to the env file")
+    p.add_argument("--accept-health", type=_checked(argtypes.health_checks), default=(),
+                   metavar="CHECK,...", help="[health] accept: health checks whose errors do "
+                                             "not refuse the start")
+    p.add_argument("--root-dir", help=argparse.SUPPRESS)   # tests: a fake /proc, /sys, /dev
+    a = p.parse_args(argv)
+    unit = unit_name(a.unit)
+    from ..decide.fence import refusal
+    fenced = refusal(unit)
+    if fenced:            # `infer-units drain`: nothing starts until `resume`
+        _say(fenced, ERR)
+        _refuse_without_restart(unit)
+        return exitcodes.BLOCKED
+    started = time.monotonic()
+    claims = None
+    if a.env_file:
+        from ..act.envfile import EnvFileError, read_env_file
+        try:
+            read_env_file(a.env_file)     # unusable: say so before touching anything
+        except EnvFileError as e:
+            _say(str(e), ERR)
+            return exitcodes.CONFIG_ERROR
+    if a.gpus is not None:       # --gpus "" is a usage error, not "nothing to do"
+        from ..decide.claims import ClaimError, GpuClaims
+        b, gpus = _gpus_or_exit(a.gpus)
+        if not _healthy_enough(b, gpus, unit, a.accept_health, a.root_dir):
+            _refuse_without_restart(unit)
+            return exitcodes.BLOCKED
+        claims = GpuClaims(gpus, unit)
+        try:
+            conflicts = claims.acquire()
+        except ClaimError as e:
+            _say(f"cannot claim GPU {','.join(str(g.index) for g in gpus)}: {e}", ERR)
+            return exitcodes.TIMED_OUT if e.timed_out else exitcodes.CONFIG_ERROR
+        if conflicts:
+            for line in conflicts:
+                _say(f"blocked: {line}", ERR)
+            _refuse_without_restart(unit)
+            return exitcodes.BLOCKED
+    code = _start_checks(a, unit, claims)
+    if code != exitcodes.CLEAN:
+        if claims is not None:
+            claims.release()      # a failed start holds no GPU
+        return code
+    _say(f"start checks passed in {(time.monotonic() - started) * 1000:.0f} ms")
+    return exitcodes.CLEAN
+
+
+def _healthy_enough(b: Backend, gpus: list[Gpu], unit: str, accept: tuple[str, ...],
+                    root: str | None) -> bool:
+    """The health checks of the model's GPUs (health.py): an error-level
+    finding refuses the start (journal: err), unless `[health] accept` names
+    its check; warnings and accepted errors go to the journal as warnings."""
+    from ..act.metrics import record_gpu_health
+    from ..decide.health import check_gpus, gate, line
+    report = check_gpus(b, gpus, root)
+    record_gpu_health(report)
+    refusing, logged = gate(report, accept)
+    for f in logged:
+        _say(line(f, accepted=f.check in accept), WARNING)
+    for f in refusing:
+        _say(f"refused: {line(f)}", ERR)
+    if refusing:
+        checks = list(dict.fromkeys(f.check for f in refusing))
+        quoted = ", ".join(f'"{c}"' for c in checks)
+        _say(f"start of {unit} refused: GPU health ({', '.join(checks)}); `infer-units doctor` "
+             f"shows every check; to start anyway: [health] accept = [{quoted}]", ERR)
+    return not refusing
+
+
+def _start_checks(a: argparse.Namespace, unit: str, claims: GpuClaims | None) -> int:
+    """Reap, env file, port, P2P: pre-start after the GPUs are claimed."""
+    gpus = claims.gpus if claims is not None else []
+    if claims is not None:
+        from ..act.envfile import EnvFileError, write_visible_devices
+        from ..facts.gpus import backend
+        from ..act.metrics import record_reap
+        from ..act.reaper import Reaper, ReapPolicy
+        result = Reaper(backend(), gpus, unit, ReapPolicy(a.foreign, a.term_grace, a.timeout,
+                                                          tuple(a.ignore))).run()
+        record_reap(unit, result)
+        gpu_list = ",".join(str(g.index) for g in gpus)
+        _say(f"reap GPU {gpu_list}: {result.message} after {result.seconds * 1000:.0f} ms",
+             INFO if result.exit_code == exitcodes.CLEAN else ERR)
+        if result.exit_code == exitcodes.BLOCKED:
+            _refuse_without_restart(unit)
+        if result.exit_code != exitcodes.CLEAN:
+            return result.exit_code
+        if a.resolve_pci and a.env_file:
+            try:
+                write_visible_devices(a.env_file, gpus)
+            except EnvFileError as e:
+                _say(str(e), ERR)
+                return exitcodes.CONFIG_ERROR
+    if a.port and not wait_port_reporting(a.host, a.port, a.timeout, _say):
+        return exitcodes.TIMED_OUT
+    if a.p2p and claims is not None and a.env_file:
+        from ..act.envfile import EnvFileError
+        from ..act.metrics import record_p2p
+        from ..act.p2p import check_p2p
+        try:
+            record_p2p(unit, check_p2p(gpus, a.env_file, a.python, off_args=a.p2p_off_args,
+                                       off_env=dict(v.partition("=")[::2]
+                                                    for v in a.p2p_off_env),
+                                       user=a.user,
+                                       server_env=dict(v.partition("=")[::2]
+                                                       for v in a.p2p_env)))
+        except EnvFileError as e:
+            _say(str(e), ERR)
+            return exitcodes.CONFIG_ERROR
+    if a.wait_rendezvous:
+        from ..act.rendezvous import wait_rendezvous
+        wait_rendezvous(a.wait_rendezvous, a.head_url, _say)
+    return exitcodes.CLEAN
+
+
+# ------------------------------------------------------------------ wait-ready
+
+def wait_ready(argv: list[str]) -> int:
+    p = _Parser(prog="infer-units wait-ready",
+                description="ExecStartPost: wait until URL answers 2xx; fail at once if "
+                            "the server (PID) dies.")
+    p.add_argument("--url", required=True, type=_checked(argtypes.http_url))
+    p.add_argument("--pid", type=_checked(argtypes.pid))
+    p.add_argument("--timeout", type=_duration, default=settings.default("ready.timeout"))
+    p.add_argument("--interval", type=_duration, default=settings.default("ready.interval"))
+    p.add_argument("--probe-timeout", type=_duration, default=10.0,
+                   help="how long one health request may take (SGLang's /health generates "
+                        "a token before it answers)")
+    a = p.parse_args(argv)
+    from ..act.ready import wait_ready as wait
+    result = wait(a.url, a.pid, a.timeout, a.interval, a.probe_timeout, say=_say)
+    if result.ready:
+        return exitcodes.CLEAN
+    if result.stopped:
+        # A stop or restart while loading is no failure of the start: exit 0
+        # (a hook that died by the stop's SIGTERM failed the unit).
+        _say(f"{result.reason} ({result.seconds:.1f}s after ExecStartPost began)")
+        return exitcodes.CLEAN
+    if result.server_exited:
+        from ..facts.systemd import main_exit_status
+        status = main_exit_status(os.environ.get("INVOCATION_ID"), a.pid)
+        _say(result.reason + (f"; exit status {status}" if status else ""), ERR)
+        return status if status and 0 < status < 256 else exitcodes.CONFIG_ERROR
+    _say(result.reason, ERR)
+    return exitcodes.TIMED_OUT
+
+
+# ------------------------------------------------------------------ wait-free
+
+def wait_free(argv: list[str]) -> int:
+    p = _Parser(prog="infer-units wait-free",
+                description="ExecStopPost: wait until the unit's own processes (orphaned "
+                            "workers included) are gone and their memory is back; other "
+                            "users of the GPUs are reported, not waited on.")
+    p.add_argument("--gpus", required=True)
+    p.add_argument("--unit", type=_unit)
+    p.add_argument("--timeout", type=_duration, default=60.0,
+                   help="keep it under TimeoutStopSec: systemd kills a hook that outlives it")
+    p.add_argument("--ignore", action="append", default=[])
+    p.add_argument("--result", default="", help="$SERVICE_RESULT, for the log")
+    a = p.parse_args(argv)
+    from ..act.metrics import record_free
+    from ..act.reaper import Reaper, ReapPolicy
+    unit = unit_name(a.unit) if a.unit else None
+    b, gpus = _gpus_or_exit(a.gpus)
+    policy = ReapPolicy("report", 0.0, a.timeout, tuple(a.ignore), services="report")
+    result = Reaper(b, gpus, unit, policy).run()
+    record_free(unit, result)
+    where = f" ({unit} stopped: {a.result})" if a.result else ""
+    gpu_list = ",".join(str(g.index) for g in gpus)
+    if result.exit_code == exitcodes.CLEAN:
+        if unit:
+            from ..decide.claims import GpuClaims
+            GpuClaims(gpus, unit).release()
+        others = len(result.reported) + len(result.unaccounted)
+        _say(f"GPU {gpu_list} free after {result.seconds * 1000:.0f} ms{where}"
+             if not others else
+             f"GPU {gpu_list}: {unit or 'the unit'}'s processes gone after "
+             f"{result.seconds * 1000:.0f} ms{where}; {others} other user(s) left, "
+             "not waited on (the next start handles them per [reap] foreign)")
+    else:   # the reaper has logged each holder left, with why
+        _say(f"GPU not free{where}: {result.message}", ERR)
+    return result.exit_code
+
+
+def liveness_probe(argv: list[str]) -> int:
+    p = _Parser(prog="infer-units liveness-probe",
+                description="One liveness probe of an active model (run by its "
+                            "<name>-liveness.timer); restarts it through systemd after "
+                            "FAILURES failed probes in a row.")
+    p.add_argument("--unit", required=True, type=_unit)
+    p.add_argument("--url", required=True)
+    p.add_argument("--interval", type=_duration, default=settings.default("liveness.interval"),
+                   help="for the log only")
+    p.add_argument("--failures", type=_count, default=settings.default("liveness.failures"))
+    p.add_argument("--timeout", type=_duration, default=10.0)
+    p.add_argument("--max-restarts", type=_count,
+                   default=settings.default("liveness.max-restarts"))
+    p.add_argument("--restart-window", type=_duration,
+                   default=settings.default("liveness.restart-window"))
+    p.add_argument("--state-dir", default=None)
+    p.add_argument("--post", default=None, metavar="JSON",
+                   help="POST this body (a one-token completion) instead of a GET")
+    a = p.parse_args(argv)
+    from ..act.liveness import Config, run_probe
+    from ..facts.systemd import Liveness
+    unit = unit_name(a.unit)
+    cfg = Config(unit, a.url, a.interval, max(1, a.failures), a.timeout,
+                 max(0, a.max_restarts), a.restart_window, a.post)
+    try:
+        run_probe(cfg, Liveness(), a.state_dir)
+    except OSError as e:
+        _say(f"{unit}: liveness state not written: {e}", ERR)
+        return exitcodes.CONFIG_ERROR
+    return exitcodes.CLEAN
+
+
+COMMANDS: dict[str, Callable[[list[str]], int]] = {
+    "pre-start": pre_start, "wait-ready": wait_ready, "wait-free": wait_free,
+    "liveness-probe": liveness_probe}
+
+
+def run(argv: list[str]) -> int:
+    """argv[0] is one of helpers/commands.py HOOKS (a test checks both list the same)."""
+    return COMMANDS[argv[0]](argv[1:])

@@ -1,0 +1,127 @@
+"""The layout the README's "How it is built" describes, checked: one command
+table that the hooks and the click CLI both read, hooks free of click, no
+import cycle, and the rooms in flow order (facts -> decide -> act -> hooks,
+cli: a room imports only rooms before it)."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+from pathlib import Path
+
+import click
+
+from .support import PYTHON, ROOT, base_env
+
+HELPERS = ROOT / "infer_units" / "helpers"
+ROOMS = ["facts", "decide", "act", "hooks", "cli"]
+
+
+def _imports() -> dict[str, set[str]]:
+    """module -> the infer_units modules it imports (anywhere in it: a lazy
+    import inside a function is a dependency too)."""
+    graph: dict[str, set[str]] = {}
+    top = ROOT / "infer_units"
+    for path in sorted(top.rglob("*.py")) + sorted(HELPERS.rglob("*.py")) + \
+            sorted((top / "generator").rglob("*.py")):
+        rel = path.relative_to(top).with_suffix("")
+        parts = ["infer_units", *rel.parts]
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        name = ".".join(parts)
+        package = parts if path.name == "__init__.py" else parts[:-1]
+        deps = graph.setdefault(name, set())
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom):
+                base = package[:len(package) - node.level + 1] if node.level else []
+                target = ".".join(base + ([node.module] if node.module else []))
+                if not target.startswith("infer_units"):
+                    continue
+                deps.add(target)
+                for alias in node.names:     # `from . import exitcodes` imports a module
+                    deps.add(f"{target}.{alias.name}")
+            elif isinstance(node, ast.Import):
+                deps.update(a.name for a in node.names if a.name.startswith("infer_units"))
+    return {m: {d for d in deps if d in graph and d != m} for m, deps in graph.items()}
+
+
+def test_no_import_cycle_on_the_helpers_side() -> None:
+    graph = _imports()
+    state: dict[str, int] = {}
+    cycles: list[list[str]] = []
+
+    def visit(m: str, path: list[str]) -> None:
+        state[m] = 1
+        for d in sorted(graph[m]):
+            if not d.startswith("infer_units.helpers"):
+                continue
+            if state.get(d) == 1:
+                cycles.append(path[path.index(d):] + [d] if d in path else [m, d])
+            elif d not in state:
+                visit(d, path + [d])
+        state[m] = 2
+
+    for m in sorted(graph):
+        if m.startswith("infer_units.helpers") and m not in state:
+            visit(m, [m])
+    assert not cycles, cycles
+
+
+def test_rooms_import_only_rooms_before_them() -> None:
+    for module, deps in _imports().items():
+        parts = module.split(".")
+        if len(parts) < 4 or parts[1] != "helpers" or parts[2] not in ROOMS:
+            continue
+        room = ROOMS.index(parts[2])
+        for dep in deps:
+            d = dep.split(".")
+            if len(d) >= 3 and d[1] == "helpers" and d[2] in ROOMS:
+                # hooks and cli are siblings: they share commands.py, not code
+                assert {parts[2], d[2]} != {"hooks", "cli"}, f"{module} imports {dep}"
+                assert ROOMS.index(d[2]) <= room, f"{module} imports {dep}: against the flow"
+
+
+def test_one_command_table_for_the_hooks_and_the_cli() -> None:
+    from infer_units.helpers import commands
+    from infer_units.helpers.cli.root import all_commands
+    from infer_units.helpers.hooks import unit
+    assert set(commands.HOOKS) == set(unit.COMMANDS)
+    for name, (module, function, _summary) in commands.HOOKS.items():
+        assert module == "hooks.unit" and unit.COMMANDS[name].__name__ == function, name
+    loaded = all_commands()
+    assert set(loaded) == set(commands.HOOKS) | set(commands.COMMANDS)
+    for name in commands.COMMANDS:
+        assert isinstance(loaded[name], click.Command) and loaded[name].name == name
+        assert not loaded[name].hidden, name
+    for name in commands.HOOKS:
+        assert loaded[name].hidden, name
+
+
+def test_the_hooks_path_imports_neither_click_nor_the_cli() -> None:
+    code = ("import sys, runpy; sys.argv = ['infer-units', 'wait-ready', '--help']\n"
+            "try:\n    runpy.run_module('infer_units', run_name='__main__')\n"
+            "except SystemExit:\n    pass\n"
+            "bad = sorted(m for m in sys.modules if m.split('.')[0] in "
+            "('click', 'jinja2', 'psutil') or m.startswith('infer_units.helpers.cli'))\n"
+            "print('LOADED', bad)")
+    done = subprocess.run([PYTHON, "-c", code], capture_output=True, text=True, timeout=60,
+                          env=base_env())
+    assert "LOADED []" in done.stdout, done.stdout + done.stderr
+
+
+def test_the_readme_names_every_module_in_its_room() -> None:
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    section = text[text.index("## How it is built"):text.index("The generator runs at every boot")]
+    for folder in ("generator", "units", "helpers", "tools"):
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            if path.name == "__init__.py":
+                continue
+            assert path.name in section, f"README's How it is built misses {path}"
+    for room in ROOMS:
+        block = section[section.index(f"{room}/"):]
+        for path in sorted((HELPERS / room).glob("*.py")):
+            if path.name != "__init__.py":
+                # named after its room, before the next room
+                nxt = min((block.index(f"{r}/", 1) for r in ROOMS if f"{r}/" in block[1:]),
+                          default=len(block))
+                assert path.name in block[:nxt], f"{path.name} not named under {room}/"

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from support import FakeGpus, base_env, run_cli
+from .support import FakeGpus, base_env, run_cli
 
 ATTACKER = "iu-attacker"
 FAKE_TORCH = Path(__file__).parent / "fake_torch"

@@ -212,6 +212,13 @@ def _exec_start_pre(m: Model) -> list[str]:
             argv += ["--p2p-off-env", f"{name}={value}"]
         if spec.module:
             argv += ["--python", m.python]
+        # The self-test runs the model's python as the model's user, with the
+        # server's [env] and nothing of the hook's (helpers/p2p.py).
+        if m.user:
+            argv += ["--user", m.user]
+        for name, value in m.env.items():
+            if not name.startswith("INFER_UNITS_"):
+                argv += ["--p2p-env", f"{name}={value}"]
     return ["ExecStartPre=+" + _hook(*argv)]
 
 

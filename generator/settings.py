@@ -312,6 +312,30 @@ def check_env_table(value: Any) -> dict[str, str]:
     return out
 
 
+# What the dynamic loader and glibc read at every program start, root's
+# included (glibc drops them only for setuid programs).  The unit's Environment=
+# reaches the root (+) hooks too, so one of these pointing at a directory the
+# service user writes would run their code as root: refused (README "Trust
+# model").  PYTHON* variables stay allowed: the hooks run `python3 -I`.
+LOADER_ENV = frozenset({"GCONV_PATH", "GETCONF_DIR", "HOSTALIASES", "LOCALDOMAIN", "LOCPATH",
+                        "MALLOC_TRACE", "NIS_PATH", "NLSPATH", "RESOLV_HOST_CONF",
+                        "RES_OPTIONS", "TZDIR", "GLIBC_TUNABLES"})
+
+
+def is_loader_env(name: str) -> bool:
+    return name.startswith("LD_") or name in LOADER_ENV
+
+
+def check_server_env(value: Any) -> dict[str, str]:
+    out = check_env_table(value)
+    for name in out:
+        if is_loader_env(name):
+            raise ValueError(f"{name}: read by the dynamic loader of every process of the unit, "
+                             "its root hooks included; refused (set it in the server's own "
+                             "wrapper script, engine = \"command\")")
+    return out
+
+
 def is_env_name(name: str) -> bool:
     """What systemd's Environment= takes as a name: [A-Za-z_][A-Za-z0-9_]*."""
     return _is_env_name(name)
@@ -330,6 +354,51 @@ def scalar_text(item: Any, name: str) -> str:
     if isinstance(item, str):
         return _no_nul(item)
     raise ValueError(f"{name}: expected a string, number or boolean, got {type(item).__name__}")
+
+
+# Raw directives that belong to another section than the one they are in
+# (systemd ignores them there with a warning nobody reads), and [service]
+# directives that would undo what the unit is for.
+_UNIT_ONLY = frozenset({
+    "Description", "Documentation", "Wants", "Requires", "Requisite", "BindsTo", "PartOf",
+    "Upholds", "Conflicts", "Before", "After", "OnFailure", "OnSuccess", "PropagatesReloadTo",
+    "ReloadPropagatedFrom", "JoinsNamespaceOf", "RequiresMountsFor", "OnFailureJobMode",
+    "IgnoreOnIsolate", "StopWhenUnneeded", "RefuseManualStart", "RefuseManualStop",
+    "AllowIsolate", "DefaultDependencies", "CollectMode", "FailureAction", "SuccessAction",
+    "JobTimeoutSec", "JobRunningTimeoutSec", "JobTimeoutAction", "StartLimitIntervalSec",
+    "StartLimitBurst", "StartLimitAction", "RebootArgument", "SourcePath"})
+_INSTALL_ONLY = frozenset({"Alias", "WantedBy", "RequiredBy", "UpheldBy", "Also",
+                           "DefaultInstance"})
+_SERVICE_ONLY = frozenset({
+    "Type", "ExitType", "RemainAfterExit", "GuessMainPID", "PIDFile", "BusName", "ExecStart",
+    "ExecStartPre", "ExecStartPost", "ExecCondition", "ExecReload", "ExecStop",
+    "ExecStopPost", "RestartSec", "TimeoutStartSec", "TimeoutStopSec", "TimeoutAbortSec",
+    "TimeoutSec", "RuntimeMaxSec", "WatchdogSec", "Restart", "RestartForceExitStatus",
+    "SuccessExitStatus", "RestartPreventExitStatus", "KillMode", "KillSignal", "User",
+    "Group", "Environment", "EnvironmentFile", "PassEnvironment", "UnsetEnvironment",
+    "WorkingDirectory", "LimitNOFILE", "LimitMEMLOCK", "Nice", "CPUAffinity",
+    "StandardOutput", "StandardError", "SyslogIdentifier", "MemoryMax", "CPUQuota"})
+_SECTION_OF = {**{k: "unit" for k in _UNIT_ONLY}, **{k: "install" for k in _INSTALL_ONLY},
+               **{k: "service" for k in _SERVICE_ONLY}}
+_SERVICE_REFUSED = {
+    "ExecStart": "the server's argv is ExecStart: use command/args (or engine = \"command\")",
+    "Environment": "reaches the root hooks as well as the server: use [env]",
+    "EnvironmentFile": "reaches the root hooks as well as the server: use [env]",
+    "PassEnvironment": "reaches the root hooks as well as the server: use [env]",
+    "UnsetEnvironment": "would unset what the generated unit sets: use [env]",
+}
+
+
+def check_section(value: Any, section: str) -> dict[str, list[str]]:
+    out = check_directives(value)
+    for name in out:
+        home = _SECTION_OF.get(name)
+        if home is not None and home != section:
+            raise ValueError(f"{name} is a [{home.capitalize()}] directive, not "
+                             f"[{section.capitalize()}]: put it under [{home}]")
+        if section == "service" and name in _SERVICE_REFUSED:
+            raise ValueError(f"{name}: {_SERVICE_REFUSED[name]}")
+    return out
 
 
 def check_directives(value: Any) -> dict[str, list[str]]:
@@ -420,7 +489,7 @@ SETTINGS: tuple[Setting, ...] = (
             "Server binary for tgi and llamacpp (default: text-generation-launcher, llama-server)."),
     Setting("user", check_user, None, "User= the server runs as (hooks stay root)."),
     Setting("description", check_line, None, "Description= of the unit."),
-    Setting("env", check_env_table, {}, "Extra environment, verbatim, applied last."),
+    Setting("env", check_server_env, {}, "Extra environment, verbatim, applied last."),
     Setting("nccl.p2p", check_choice(("on", "off", "auto")), "on",
             'on: NCCL decides; off: NCCL_P2P_DISABLE=1; auto: copy-and-compare self-test at start.'),
     Setting("reap.foreign", check_choice(REAP_FOREIGN), "kill",
@@ -454,9 +523,10 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("nodes.head-url", check_nonempty_str, None,
             "Where the other hosts probe the group's health; default: http://<addr host>:<port>"
             "<health path>."),
-    Setting("unit", check_directives, {}, "Raw [Unit] directives."),
-    Setting("service", check_directives, {}, "Raw [Service] directives (they win over ours)."),
-    Setting("install", check_directives, {},
+    Setting("unit", lambda v: check_section(v, "unit"), {}, "Raw [Unit] directives."),
+    Setting("service", lambda v: check_section(v, "service"), {},
+            "Raw [Service] directives (they win over ours)."),
+    Setting("install", lambda v: check_section(v, "install"), {},
             "[Install]: WantedBy=/RequiredBy= become .wants/.requires links."),
     Setting("health.accept", check_health_accept, [],
             "Health checks whose errors do not refuse a start (logged as warnings), e.g. "

@@ -117,11 +117,13 @@ def test_wait_port_times_out_with_exit_3_naming_the_holder() -> None:
 # ---------------------------------------------------------------- p2p-check
 
 def p2p(fake: FakeGpus, tmp_path: Path, gpus: str, **env: str) -> subprocess.CompletedProcess[str]:
+    # The self-test gets only the server's environment (--env), nothing of ours.
+    server_env = [f"--env={k}={v}" for k, v in
+                  {"PYTHONPATH": str(FAKE_TORCH), **env}.items()]
     return run_cli("p2p-check", "--gpus", gpus, "--env-file", str(tmp_path / "m.env"),
-                   "--python", PYTHON, env=fake.env(
-                       PYTHONPATH=f"{FAKE_TORCH}:{base_env()['PYTHONPATH']}",
+                   "--python", PYTHON, *server_env, env=fake.env(
                        INFER_UNITS_P2P_CACHE=str(tmp_path / "p2p"), INFER_UNITS_P2P_MIB="1",
-                       INFER_UNITS_STATE_DIR=str(tmp_path / "state"), **env))
+                       INFER_UNITS_STATE_DIR=str(tmp_path / "state")))
 
 
 def test_p2p_corruption_disables_p2p_and_is_cached(fake_gpus: FakeGpus, tmp_path: Path) -> None:
@@ -280,8 +282,9 @@ def test_pre_start_usage_errors_exit_1(fake_gpus: FakeGpus) -> None:
 
 
 def test_p2p_check_without_env_file_only_reports(fake_gpus: FakeGpus, tmp_path: Path) -> None:
-    done = run_cli("p2p-check", "--gpus", "0,1", "--python", PYTHON, env=fake_gpus.env(
-        PYTHONPATH=f"{FAKE_TORCH}:{base_env()['PYTHONPATH']}", FAKE_TORCH_CORRUPT="1>0",
-        INFER_UNITS_P2P_CACHE=str(tmp_path / "p2p"), INFER_UNITS_P2P_MIB="1"))
+    done = run_cli("p2p-check", "--gpus", "0,1", "--python", PYTHON,
+                   f"--env=PYTHONPATH={FAKE_TORCH}", "--env=FAKE_TORCH_CORRUPT=1>0",
+                   env=fake_gpus.env(INFER_UNITS_P2P_CACHE=str(tmp_path / "p2p"),
+                                     INFER_UNITS_P2P_MIB="1"))
     assert done.returncode == 0
     assert "P2P broken (would set NCCL_P2P_DISABLE=1): peer copy failed: GPU 1->0" in done.stderr

@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import pwd
 import subprocess
 import sys
 from ..records import dataclass
@@ -38,14 +39,55 @@ def cache_path(gpus: list[Gpu]) -> str:
     return os.path.join(CACHE_DIR, hashlib.sha256(key.encode()).hexdigest()[:16] + ".json")
 
 
-def _run_selftest(python: str, gpus: list[Gpu], timeout: float) -> dict[str, object]:
-    env = dict(os.environ)
+# Who runs the model's `python` for the self-test.  The interpreter, its venv,
+# site-packages and .pth files belong to the model's user (untrusted: see
+# README "Trust model"), so root never executes it: the model's `user`, or
+# nobody for a model without one (its server runs as root, but its venv may
+# still be someone else's).  A root-owned venv is readable by them and works.
+FALLBACK_USER = "nobody"
+
+
+def selftest_account(user: str | None) -> pwd.struct_passwd | None:
+    """The account to drop to, None when not root (then we run as ourselves)."""
+    if os.geteuid() != 0:
+        return None
+    try:
+        account = pwd.getpwnam(user or FALLBACK_USER)
+    except KeyError:
+        account = pwd.getpwnam(FALLBACK_USER)
+    if account.pw_uid == 0:
+        account = pwd.getpwnam(FALLBACK_USER)
+    return account
+
+
+def selftest_env(gpus: list[Gpu], server_env: dict[str, str],
+                 account: pwd.struct_passwd | None) -> dict[str, str]:
+    """A scrubbed environment: what the server gets from the model ([env]),
+    a plain PATH and the GPUs under test; nothing of the hook's own."""
+    env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8"}
+    if account is not None:
+        env.update(HOME=account.pw_dir, USER=account.pw_name, LOGNAME=account.pw_name)
+    if "INFER_UNITS_P2P_MIB" in os.environ:
+        env["INFER_UNITS_P2P_MIB"] = os.environ["INFER_UNITS_P2P_MIB"]
+    env.update(server_env)
     # The test covers exactly this unit's GPUs, in PCI order like the server sees them.
     env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
     env["CUDA_VISIBLE_DEVICES"] = ",".join(g.uuid for g in gpus)
+    return env
+
+
+def _run_selftest(python: str, gpus: list[Gpu], timeout: float, user: str | None = None,
+                  server_env: dict[str, str] | None = None) -> dict[str, object]:
+    account = selftest_account(user)
+    env = selftest_env(gpus, server_env or {}, account)
+    drop: dict[str, object] = {}
+    if account is not None:
+        drop = {"user": account.pw_uid, "group": account.pw_gid,
+                "extra_groups": os.getgrouplist(account.pw_name, account.pw_gid)}
     try:
         done = subprocess.run([python, SELFTEST], capture_output=True, text=True,
-                              timeout=timeout, env=env, check=False)
+                              timeout=timeout, env=env, check=False, cwd="/",
+                              stdin=subprocess.DEVNULL, **drop)  # type: ignore[call-overload]
     except subprocess.TimeoutExpired:
         # A hung peer copy is the classic broken-IOMMU symptom.
         return {"ok": False, "error": f"self-test hung for {timeout:g}s", "hung": True}
@@ -64,7 +106,8 @@ OFF_ARGS_VAR = "INFER_UNITS_P2P_OFF_ARGS"
 
 def check_p2p(gpus: list[Gpu], env_file: str | None, python: str,
               timeout: float = 90.0, off_args: str = "",
-              off_env: dict[str, str] | None = None) -> P2PVerdict:
+              off_env: dict[str, str] | None = None, user: str | None = None,
+              server_env: dict[str, str] | None = None) -> P2PVerdict:
     if len(gpus) < 2:
         verdict = P2PVerdict(True, False, "one GPU: no peer traffic", {})
         _apply(verdict, env_file, off_args, off_env or {})
@@ -80,7 +123,7 @@ def check_p2p(gpus: list[Gpu], env_file: str | None, python: str,
             return verdict
     except (OSError, ValueError, KeyError):
         pass
-    report = _run_selftest(python, gpus, timeout)
+    report = _run_selftest(python, gpus, timeout, user, server_env)
     if report.get("ok"):
         verdict = P2PVerdict(True, False, "every GPU pair copied and compared equal", report)
     elif report.get("ran") is False or "torch not importable" in str(report.get("error", "")):

@@ -167,7 +167,14 @@ def wait_port(port: int, host: str, timeout: float) -> None:
               show_default="the interpreter running infer-units",
               help="Interpreter with torch (the engine's).")
 @click.option("--timeout", type=DURATION, default="90s", help="Limit for the whole self-test.")
-def p2p_check(selector: str, env_file: str | None, python: str, timeout: float) -> None:
+@click.option("--user", default=None, metavar="USER",
+              help="Run the interpreter as USER (as root: never root itself).  "
+                   "[default: nobody]")
+@click.option("--env", "server_env", multiple=True, metavar="NAME=VALUE",
+              help="Environment for the interpreter (the server's [env]); nothing else "
+                   "of this command's environment reaches it.")
+def p2p_check(selector: str, env_file: str | None, python: str, timeout: float,
+              user: str | None, server_env: tuple[str, ...]) -> None:
     """Copy-and-compare between every GPU pair; NCCL_P2P_DISABLE=1 on failure."""
     from ..act.envfile import EnvFileError
     from ..act.metrics import record_p2p
@@ -176,7 +183,8 @@ def p2p_check(selector: str, env_file: str | None, python: str, timeout: float) 
     _check_env_file(env_file)
     _b, gpus = _gpus(selector)
     try:
-        verdict = check_p2p(gpus, env_file, python, seconds)
+        verdict = check_p2p(gpus, env_file, python, seconds, user=user,
+                            server_env=dict(v.partition("=")[::2] for v in server_env))
     except EnvFileError as e:
         die(str(e))
     if env_file:

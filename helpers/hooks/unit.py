@@ -120,6 +120,9 @@ def pre_start(argv: list[str]) -> int:
                    help="write CUDA_VISIBLE_DEVICES (UUIDs) for PCI selectors")
     p.add_argument("--p2p", action="store_true", help="run the P2P self-test")
     p.add_argument("--python", default=sys.executable, help="interpreter with torch")
+    p.add_argument("--user", help="the model's user: the self-test runs as them, never as root")
+    p.add_argument("--p2p-env", action="append", default=[], metavar="NAME=VALUE",
+                   help="the server's environment ([env]) for the self-test")
     p.add_argument("--p2p-off-args", default="",
                    help="server argv that P2P off needs beyond NCCL_P2P_DISABLE=1 "
                         "(e.g. --disable-custom-all-reduce), written to the env file")
@@ -233,7 +236,10 @@ def _start_checks(a: argparse.Namespace, unit: str, claims: GpuClaims | None) ->
         try:
             record_p2p(unit, check_p2p(gpus, a.env_file, a.python, off_args=a.p2p_off_args,
                                        off_env=dict(v.partition("=")[::2]
-                                                    for v in a.p2p_off_env)))
+                                                    for v in a.p2p_off_env),
+                                       user=a.user,
+                                       server_env=dict(v.partition("=")[::2]
+                                                       for v in a.p2p_env)))
         except EnvFileError as e:
             _say(str(e), ERR)
             return exitcodes.CONFIG_ERROR

@@ -333,8 +333,8 @@ def collect(names: list[str], root: str | None = None, do_import: bool = False) 
         from .status import unknown_names
         loaded = load_all(names)
         report["unknown"] = unknown_names(names, loaded)
-        for e in loaded.errors + loaded.conflicts:
-            report["errors"].append(str(e))
+        problems = [str(p) for p in loaded.errors + loaded.conflicts]
+        report["errors"] += problems
         for model in loaded.models:
             try:
                 render_checked(model)
@@ -346,10 +346,9 @@ def collect(names: list[str], root: str | None = None, do_import: bool = False) 
             mine = model_findings(model, b, every, health, driver, do_import)
             report["models"].append({"name": model.name, "unit": model.unit_name,
                                      "findings": [f.as_json() for f in mine]})
-        for e in loaded.errors + loaded.conflicts:
-            findings.append(_model_finding("model-file", ERROR, str(e)))
-        for model in report["models"]:
-            findings += [Finding(**f) for f in model["findings"]]
+        findings += [_model_finding("model-file", ERROR, p) for p in problems]
+        for entry in report["models"]:
+            findings += [Finding(**f) for f in entry["findings"]]
     report["level"] = worst(findings)
     report["elapsed_ms"] = round((time.monotonic() - started) * 1000, 1)
     report["exit"] = exit_code(report)

@@ -11,7 +11,7 @@ from __future__ import annotations
 class EngineSpec:
     __slots__ = ("module", "default_executable", "tp_flag", "health_path", "probe_timeout",
                  "stop_timeout", "drain_flag", "drain_rounds", "flags_from_env", "p2p_off_args", "p2p_off_env", "port_flags",
-                 "path_flags")
+                 "path_flags", "liveness_probe", "model_name_flag")
 
     def __init__(self, module: str | None, default_executable: str | None, tp_flag: bool,
                  health_path: str | None, probe_timeout: float, stop_timeout: float,
@@ -20,7 +20,8 @@ class EngineSpec:
                  p2p_off_args: tuple[str, ...] = (),
                  p2p_off_env: tuple[tuple[str, str], ...] = (),
                  port_flags: tuple[tuple[str, int], ...] = (),
-                 path_flags: tuple[tuple[str, str], ...] = ()) -> None:
+                 path_flags: tuple[tuple[str, str], ...] = (),
+                 liveness_probe: str = "health", model_name_flag: str | None = None) -> None:
         self.module = module                      # python engines: `<python> -m <module>`
         self.default_executable = default_executable  # binary engines (systemd's search path)
         self.tp_flag = tp_flag                    # the server takes a tensor-parallel size
@@ -43,6 +44,11 @@ class EngineSpec:
         # with {name}); rendered unless the user's args set the flag.
         self.port_flags = port_flags
         self.path_flags = path_flags
+        # [liveness] probe default: "generate" where /health does not touch the
+        # model (a one-token POST /v1/completions does); the flag that renames
+        # the model the API serves (the completion's "model" field).
+        self.liveness_probe = liveness_probe
+        self.model_name_flag = model_name_flag
 
     @property
     def uses_executable(self) -> bool:
@@ -75,6 +81,8 @@ ENGINE_SPECS: dict[str, EngineSpec] = {
     # memory all-reduce (on by default on Hopper) ignore the custom AR flag.
     "vllm": EngineSpec("vllm.entrypoints.cli.main", None, True, "/health", probe_timeout=10.0,
                        stop_timeout=TEARDOWN_S, drain_flag="--shutdown-timeout",
+                       # /health reads a flag: 200 while the engine was broken (vllm#36960)
+                       liveness_probe="generate", model_name_flag="--served-model-name",
                        p2p_off_args=_NO_CUSTOM_ALL_REDUCE,
                        p2p_off_env=(("VLLM_ALLREDUCE_USE_FLASHINFER", "0"),
                                     ("VLLM_ALLREDUCE_USE_SYMM_MEM", "0"))),
@@ -96,8 +104,11 @@ ENGINE_SPECS: dict[str, EngineSpec] = {
                       path_flags=(("--shard-uds-path", "/tmp/text-generation-server-{name}"),)),
     # llama-server splits layers over every visible GPU; it has no TP size flag.
     # /health answers 503 "Loading model" until the model is loaded.
+    # /health reports the server's state, not a generation: probe liveness
+    # with one token (/v1/completions; it ignores the "model" field).
     "llamacpp": EngineSpec(None, "llama-server", False, "/health", probe_timeout=10.0,
-                           stop_timeout=30.0),
+                           stop_timeout=30.0, liveness_probe="generate",
+                           model_name_flag="--alias"),
     "command": EngineSpec(None, None, False, "/health", probe_timeout=10.0, stop_timeout=30.0),
 }
 

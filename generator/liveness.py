@@ -37,10 +37,11 @@ DROPIN = "50-liveness.conf"
 
 
 class Liveness:
-    __slots__ = ("interval", "failures", "timeout", "max_restarts", "restart_window")
+    __slots__ = ("interval", "failures", "timeout", "max_restarts", "restart_window", "probe")
 
     def __init__(self, interval: float, failures: int, timeout: float, max_restarts: int,
-                 restart_window: float) -> None:
+                 restart_window: float, probe: str = "health") -> None:
+        self.probe = probe      # "health" | "generate"
         self.interval = interval
         self.failures = failures
         self.timeout = timeout
@@ -49,7 +50,7 @@ class Liveness:
 
 
 def build_liveness(values: dict[str, Any], merged: MergedConfig,
-                   probe_timeout: float) -> Liveness | None:
+                   probe_timeout: float, default_probe: str = "health") -> Liveness | None:
     """None when `interval = "0"`; range errors name the file and key."""
     def fail(key: str, reason: str) -> None:
         raise ConfigError(merged.file_of(key), key, reason)
@@ -71,8 +72,45 @@ def build_liveness(values: dict[str, Any], merged: MergedConfig,
         fail("liveness.max-restarts", f"must be 0 or more, got {values['liveness.max-restarts']}")
     if values["liveness.restart-window"] <= 0:
         fail("liveness.restart-window", "must be longer than 0s")
+    probe = values["liveness.probe"] or default_probe
+    if probe == "generate" and values["engine"] == "command":
+        fail("liveness.probe", '"generate" needs an engine with an OpenAI-compatible API, '
+             'not engine = "command"')
     return Liveness(interval, values["liveness.failures"], timeout,
-                    values["liveness.max-restarts"], values["liveness.restart-window"])
+                    values["liveness.max-restarts"], values["liveness.restart-window"], probe)
+
+
+def generation_probe(m: Model) -> tuple[str, str] | None:
+    """(URL, JSON body) of the one-token completion liveness posts, or None
+    when liveness probes health (or the model has no API of its own here: a
+    multi-node worker probes its head's health)."""
+    from .engines import ENGINE_SPECS, flag_value
+    from .render import health_url
+    if m.liveness is None or m.liveness.probe != "generate" or m.is_worker:
+        return None
+    health = health_url(m)
+    if health is None or m.port is None:
+        return None
+    scheme, _, rest = health.partition("://")
+    url = f"{scheme}://{rest.split('/', 1)[0]}/v1/completions"
+    spec = ENGINE_SPECS[m.engine]
+    name = (flag_value(m.args, spec.model_name_flag) if spec.model_name_flag else None) \
+        or m.model or ""
+    return url, ('{"model": ' + _json_string(name) +
+                 ', "prompt": "1", "max_tokens": 1, "temperature": 0}')
+
+
+def _json_string(text: str) -> str:
+    """A JSON string literal (json's import is a cost the generator avoids)."""
+    out = []
+    for ch in text:
+        if ch in '"\\':
+            out.append("\\" + ch)
+        elif ord(ch) < 0x20 or ch == "\x7f":
+            out.append(f"\\u{ord(ch):04x}")
+        else:
+            out.append(ch)
+    return '"' + "".join(out) + '"'
 
 
 def timer_name(model_name: str) -> str:
@@ -111,11 +149,16 @@ def companions(m: Model) -> list[RenderedUnit]:
     if live is None or url is None:
         return []
     unit = m.unit_name
+    generate = generation_probe(m)
+    if generate is not None:
+        url = generate[0]
     probe = [HOOK_CLI, "liveness-probe", "--unit", unit, "--url", url,
              "--interval", format_seconds(live.interval), "--failures", str(live.failures),
              "--timeout", format_seconds(live.timeout),
              "--max-restarts", str(live.max_restarts),
              "--restart-window", format_seconds(live.restart_window)]
+    if generate is not None:
+        probe += ["--post", generate[1]]
     # The hooks' own settings (metrics and state directories) reach the probe too.
     env = [f"Environment={environment_assignment(k, v)}" for k, v in m.env.items()
            if k.startswith("INFER_UNITS_") and k != "INFER_UNITS_FAKE_GPUS"]

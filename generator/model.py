@@ -189,7 +189,8 @@ def build_model(merged: MergedConfig) -> Model:
         unit_directives=values["unit"],
         service_directives=values["service"],
         install_directives=values["install"],
-        liveness=build_liveness(values, merged, _probe_timeout(values, spec)),
+        liveness=build_liveness(values, merged, _probe_timeout(values, spec),
+                                spec.liveness_probe),
         health_accept=tuple(values["health.accept"]),
     )
 

@@ -432,7 +432,10 @@ SETTINGS: tuple[Setting, ...] = (
             "Process names never touched, added to: " + ", ".join(BUILTIN_IGNORE) + "."),
     Setting("ready.url", check_url, None, "Health URL; default: the engine's."),
     Setting("ready.timeout", check_duration, 1200.0, "How long the server may take to load."),
-    Setting("ready.interval", check_duration, 1.0, "Time between health polls."),
+    Setting("ready.interval", check_duration, 0.05,
+            "Time between health requests once the port listens (until then a connect() "
+            "attempt every 50ms, which the server never sees); the unit is active within "
+            "about this long of the server's first 2xx."),
     Setting("ready.probe-timeout", check_duration, None,
             "How long one health request may take; default per engine (SGLang's /health "
             "generates a token: 30s; others 10s)."),
@@ -465,6 +468,12 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("liveness.timeout", check_duration, None,
             "How long one probe may take (a slower or non-2xx answer fails it); default: "
             "[ready] probe-timeout (per engine: SGLang 30s, others 10s)."),
+    Setting("liveness.probe", check_choice(("health", "generate")), None,
+            "health: GET the health URL; generate: POST a one-token completion to the "
+            "engine's OpenAI-compatible /v1/completions (max_tokens 1), so a server whose "
+            "health endpoint answers while its engine is broken is restarted; default per "
+            "engine (vLLM and llama.cpp: generate, their /health reads a flag (vllm#36960); "
+            "SGLang and TGI: health, theirs already generates)."),
     Setting("liveness.max-restarts", check_int, 3,
             "Liveness restarts allowed within restart-window; one more hang and the unit is "
             "stopped and left failed."),

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from support import FakeGpus, Holder
+from .support import FakeGpus, Holder
 
 
 @pytest.fixture

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from support import FakeGpus, base_env, run_cli
+from .support import FakeGpus, base_env, run_cli
 
 
 def one_line_error(done, code: int = 1) -> str:

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from unitfile import exec_argv, values as unit_values
+from .unitfile import exec_argv, values as unit_values
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tools"))

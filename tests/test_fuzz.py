@@ -329,7 +329,7 @@ def test_fuzzed_trees(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # Enough accepted models that verify means something (the good one counts once).
     assert len(units) > MAX_EXAMPLES // 10, len(units)
     if shutil.which("systemd-analyze") and Path("/usr/lib/systemd/system").is_dir():
-        from test_verify import assert_verify_clean
+        from .test_verify import assert_verify_clean
         verify_root = tmp_path / "verify-root"
         shutil.copytree("/usr/lib/systemd/system", verify_root / "usr/lib/systemd/system",
                         symlinks=True)

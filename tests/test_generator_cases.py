@@ -37,8 +37,8 @@ from pathlib import Path
 
 import pytest
 
-from support import run_generator
-from unitfile import environment, exec_argv, values
+from .support import run_generator
+from .unitfile import environment, exec_argv, values
 
 CASES = Path(__file__).parent / "cases"
 GOLDEN = Path(__file__).parent / "golden"

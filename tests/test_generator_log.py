@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from infer_units.generator.log import REPORT_UNIT, GeneratorLog, open_kmsg
-from support import PYTHON, base_env
-from unitfile import split_words, values
+from .support import PYTHON, base_env
+from .unitfile import split_words, values
 
 MESSAGE = '/etc/infer-units/bad.toml: command: expected an array of strings, got str (no unit generated)'
 TRICKY = 'x.toml: "quoted" $HOME 100% back\\slash'

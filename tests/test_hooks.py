@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 
-from support import PYTHON, FakeGpus, base_env, run_cli
+from .support import PYTHON, FakeGpus, base_env, run_cli
 
 FAKE_TORCH = Path(__file__).parent / "fake_torch"
 

@@ -22,8 +22,8 @@ import pytest
 from infer_units.generator.liveness import companions
 from infer_units.helpers.act import liveness as lv
 from infer_units.helpers.act import metrics
-from support import base_env, run_cli
-from unitfile import exec_argv, values
+from .support import base_env, run_cli
+from .unitfile import exec_argv, values
 
 
 class Health:

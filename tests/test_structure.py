@@ -11,7 +11,7 @@ from pathlib import Path
 
 import click
 
-from support import PYTHON, ROOT, base_env
+from .support import PYTHON, ROOT, base_env
 
 HELPERS = ROOT / "infer_units" / "helpers"
 ROOMS = ["facts", "decide", "act", "hooks", "cli"]

@@ -21,7 +21,7 @@ import sys
 import time
 
 from ...generator.durations import format_seconds
-from ...generator.liveness import STATE_DIR, cap_marker
+from ...generator.liveness import cap_marker, state_dir
 from ...generator.log import JOURNAL_SOCKET, journal_send, say
 from ..facts.systemd import ModelState
 
@@ -33,16 +33,12 @@ if TYPE_CHECKING:
 ERR, WARNING, NOTICE, INFO = 3, 4, 5, 6
 
 
-def state_dir() -> str:
-    return os.environ.get("INFER_UNITS_LIVENESS_DIR") or STATE_DIR
-
-
 def _name(unit: str) -> str:
     return unit.removesuffix(".service")
 
 
 def state_path(unit: str, directory: str | None = None) -> str:
-    return os.path.join(directory or state_dir(), f"{_name(unit)}.liveness.json")
+    return os.path.join(directory or state_dir(dict(os.environ)), f"{_name(unit)}.liveness.json")
 
 
 # ------------------------------------------------------------------ the probe
@@ -71,10 +67,12 @@ def _split_url(url: str) -> tuple[str, str, int, str]:
     return scheme, host, port, path
 
 
-def http_probe(url: str, timeout: float) -> Answer:
-    """GET url; healthy is a 2xx status line within `timeout` (the body is not
-    read: SGLang's /health sends its status only after generating a token).
-    Plain sockets: http.client alone costs more than the rest of a probe."""
+def http_probe(url: str, timeout: float, body: str | None = None) -> Answer:
+    """GET url (POST `body`, JSON, when given: the one-token completion of
+    [liveness] probe = "generate"); healthy is a 2xx status line within
+    `timeout` (the body is not read: SGLang's /health sends its status only
+    after generating a token).  Plain sockets: http.client alone costs more
+    than the rest of a probe."""
     started = time.monotonic()
     deadline = started + timeout
 
@@ -87,13 +85,17 @@ def http_probe(url: str, timeout: float) -> Answer:
     try:
         scheme, host, port, path = _split_url(url)
         if scheme == "https":
-            return _urllib_probe(url, timeout, timeout, started)
+            return _urllib_probe(url, timeout, timeout, started, body)
         with socket.create_connection((host, port), timeout=left()) as sock:
             hostport = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
             sock.settimeout(left())
-            sock.sendall(f"GET {path} HTTP/1.1\r\nHost: {hostport}\r\nUser-Agent: "
-                         "infer-units-liveness\r\nAccept: */*\r\nConnection: close\r\n\r\n"
-                         .encode("latin-1"))
+            payload = body.encode("utf-8") if body is not None else b""
+            extra = (f"Content-Type: application/json\r\nContent-Length: {len(payload)}\r\n"
+                     if body is not None else "")
+            sock.sendall(f"{'POST' if body is not None else 'GET'} {path} HTTP/1.1\r\n"
+                         f"Host: {hostport}\r\nUser-Agent: infer-units-liveness\r\n"
+                         f"Accept: */*\r\n{extra}Connection: close\r\n\r\n"
+                         .encode("latin-1") + payload)
             data = b""
             while b"\r\n" not in data and len(data) < 4096:
                 sock.settimeout(left())
@@ -110,7 +112,7 @@ def http_probe(url: str, timeout: float) -> Answer:
         if 300 <= code < 400:
             # Judged after redirects, as readiness (urllib) judged it: a URL
             # that passed wait-ready must not fail here for its redirect.
-            return _urllib_probe(url, left(), timeout, started)
+            return _urllib_probe(url, left(), timeout, started, body)
         return Answer(200 <= code < 300, f"HTTP {code}", seconds)
     except socket.timeout:
         return Answer(False, f"no answer within {timeout:g}s", time.monotonic() - started)
@@ -120,12 +122,15 @@ def http_probe(url: str, timeout: float) -> Answer:
         return Answer(False, e.strerror or str(e), time.monotonic() - started)
 
 
-def _urllib_probe(url: str, left: float, timeout: float, started: float) -> Answer:
-    """https, and redirects: urllib (slower to import), as readiness uses."""
+def _urllib_probe(url: str, left: float, timeout: float, started: float,
+                  body: str | None = None) -> Answer:
+    """https, and redirects: urllib (slower to import)."""
     import urllib.error
     import urllib.request
+    request = urllib.request.Request(url) if body is None else urllib.request.Request(
+        url, data=body.encode("utf-8"), headers={"Content-Type": "application/json"})
     try:
-        with urllib.request.urlopen(url, timeout=left) as response:
+        with urllib.request.urlopen(request, timeout=left) as response:
             code = response.status
     except urllib.error.HTTPError as e:
         code = e.code
@@ -160,10 +165,11 @@ def save_state(path: str, state: dict[str, Any]) -> None:
 
 class Config:
     __slots__ = ("unit", "url", "interval", "failures", "timeout", "max_restarts",
-                 "restart_window")
+                 "restart_window", "post")
 
     def __init__(self, unit: str, url: str, interval: float, failures: int, timeout: float,
-                 max_restarts: int, restart_window: float) -> None:
+                 max_restarts: int, restart_window: float, post: str | None = None) -> None:
+        self.post = post        # a one-token completion to POST instead of a GET
         self.unit = unit
         self.url = url
         self.interval = interval
@@ -231,7 +237,8 @@ def _span(seconds: float) -> str:
 
 def why_line(state: dict[str, Any], cfg: Config) -> str:
     answers = "; ".join(state.get("answers", []))
-    return (f"{state.get('consecutive_failures', 0)} health probes in a row failed "
+    what = "one-token generations" if cfg.post is not None else "health probes"
+    return (f"{state.get('consecutive_failures', 0)} {what} in a row failed "
             f"(every {_span(cfg.interval)}, timeout {_span(cfg.timeout)}; last answers: "
             f"{answers}) at {cfg.url}")
 
@@ -266,13 +273,13 @@ def run_probe(cfg: Config, systemd: Any, directory: str | None = None,
     state.update(unit=cfg.unit, url=cfg.url, interval=cfg.interval, failures=cfg.failures,
                  timeout=cfg.timeout, max_restarts=cfg.max_restarts,
                  restart_window=cfg.restart_window)
-    answer = http_probe(cfg.url, cfg.timeout)
+    answer = http_probe(cfg.url, cfg.timeout, cfg.post)
     now = time.time() if now is None else now
     model = None if answer.ok else systemd.model_state(cfg.unit)
     before = (state.get("consecutive_failures", 0), bool(state.get("capped")))
     restarted = False
     action = decide(state, now, answer, model, cfg)
-    marker = cap_marker(_name(cfg.unit), directory or state_dir())
+    marker = cap_marker(_name(cfg.unit), directory or state_dir(dict(os.environ)))
     if action == OK and os.path.lexists(marker):
         os.unlink(marker)       # left by a cap whose stop did not run its ExecStopPost
     if action == OK and before[0]:
@@ -331,7 +338,7 @@ def view(model: Any) -> dict[str, Any] | None:
         return None
     # The probe's directory is the model's [env] (INFER_UNITS_LIVENESS_DIR), as it runs.
     state = load_state(state_path(model.unit_name,
-                                  model.env.get("INFER_UNITS_LIVENESS_DIR") or state_dir()))
+                                  state_dir({**os.environ, **model.env})))
     now = time.time()
     last = state.get("last_probe")
     return {

@@ -1,16 +1,17 @@
-"""Waiting until the server answers health, failing fast when it dies loading."""
+"""Waiting until the server answers health, failing fast when it dies loading,
+and ending a load cleanly when the unit is stopped meanwhile."""
 
 from __future__ import annotations
 
 import os
 import select
+import signal
+import socket
 import time
-import urllib.error
 import urllib.parse
-import urllib.request
 from dataclasses import dataclass
+from collections.abc import Callable
 
-from ..facts.ports import is_listening
 from .progress import Progress
 
 
@@ -20,61 +21,132 @@ class ReadyResult:
     seconds: float
     reason: str
     server_exited: bool = False
+    stopped: bool = False       # the unit was stopped while the server loaded
 
 
 def probe(url: str, timeout: float) -> tuple[bool, str]:
-    try:
-        with urllib.request.urlopen(url, timeout=timeout) as response:
-            return 200 <= response.status < 300, f"HTTP {response.status}"
-    except urllib.error.HTTPError as e:
-        return False, f"HTTP {e.code}"
-    except (urllib.error.URLError, OSError) as e:
-        reason = getattr(e, "reason", e)
-        return False, str(reason)
+    """One health request: (2xx, what it answered).  The same probe liveness uses."""
+    from .liveness import http_probe
+    answer = http_probe(url, timeout)
+    return answer.ok, answer.text
 
 
-# Servers open their port only once the model is loaded: until then a read of
-# /proc/net/tcp (~0.1 ms) says "not yet" without an HTTP request.  Once the
-# port listens, health is probed at 20 ms, backing off to `interval`.
-LISTEN_POLL_S = 0.02
+# How often a loading server is looked at.  Until its port accepts a
+# connection, a connect() attempt (refused by the kernel: the server never
+# sees it) says "not yet" for ~20 us of CPU; once it listens, health is asked
+# every `interval` (default 50 ms: the unit is active within ~50 ms of the
+# first 2xx; llama.cpp answers 503 "Loading model" cheaply meanwhile).
+# Reading /proc/net/tcp instead cost 17% of a core at 20 ms (bench/ready_bench.py).
+LISTEN_POLL_S = 0.05
 
 
-def _local_port(url: str) -> int | None:
+class StopRequested(BaseException):
+    """SIGTERM: systemd stops the unit while we wait (BaseException: no
+    `except Exception` in a probe may swallow it)."""
+
+
+def _local_port(url: str) -> tuple[str, int] | None:
+    """(address, port) to connect() to, for a URL on this host; else None
+    (a remote health URL, e.g. a multi-node head's, is probed over HTTP only)."""
     parsed = urllib.parse.urlsplit(url)
-    if parsed.hostname in ("127.0.0.1", "localhost", "::1", "0.0.0.0", "::"):
-        return parsed.port or (443 if parsed.scheme == "https" else 80)
-    return None
+    host = parsed.hostname
+    if host in ("127.0.0.1", "localhost", "0.0.0.0"):
+        address = "127.0.0.1"
+    elif host in ("::1", "::"):
+        address = "::1"
+    else:
+        return None
+    try:
+        port = parsed.port
+    except ValueError:
+        return None
+    return address, port or (443 if parsed.scheme == "https" else 80)
+
+
+def accepts(address: str, port: int) -> bool:
+    """Does something listen on address:port?  A refused connect() (nothing
+    bound, or bound and not listening yet, as vLLM holds its port) costs the
+    server nothing; an accepted one is closed at once."""
+    family = socket.AF_INET6 if ":" in address else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as s:
+        s.settimeout(1.0)
+        try:
+            s.connect((address, port))
+            return True
+        except OSError:
+            return False
+
+
+def _kill_loading_server(pidfd: int, pid: int, say: Callable[[str], None]) -> None:
+    """The unit is stopped before the server became ready: it has nothing to
+    drain, and it may ignore SIGTERM while it loads (vLLM did at 20-25 s into
+    its load, then went on to serve), which would hold the stop for the whole
+    TimeoutStopSec and fail the unit.  SIGKILL it now; systemd (KillMode=mixed)
+    kills the rest of the cgroup and ExecStopPost waits for the GPUs."""
+    poller = select.poll()
+    poller.register(pidfd, select.POLLIN)
+    if poller.poll(0):
+        return                       # already gone by the stop's SIGTERM
+    from ..facts.procinfo import read_proc
+    info = read_proc(pid)
+    who = info.describe() if info is not None else f"pid {pid}"
+    say(f"stopped while loading: killing the server {who} with SIGKILL (never became "
+        "ready: nothing to drain; a loading server may ignore SIGTERM)")
+    try:
+        signal.pidfd_send_signal(pidfd, signal.SIGKILL)
+    except ProcessLookupError:
+        return
+    # Until it is gone, so the stop goes on with its main process dead; a
+    # process stuck in the kernel is systemd's to time out, not ours.
+    poller.poll(10_000)
 
 
 def wait_ready(url: str, pid: int | None, timeout: float, interval: float,
-               probe_timeout: float = 10.0) -> ReadyResult:
+               probe_timeout: float = 10.0,
+               say: Callable[[str], None] | None = None) -> ReadyResult:
+    """Wait for a 2xx from `url`.  SIGTERM while waiting (the unit stopped or
+    restarted while the server loads) kills the loading server (pid) and
+    returns stopped=True; once the server answered, SIGTERM is left to the
+    server (it drains) and this returns at once."""
     started = time.monotonic()
     deadline = started + timeout
+    tell: Callable[[str], None] = say or (lambda message: None)
     pidfd: int | None = None
+    ready = False
+
+    def on_term(signum: int, frame: object) -> None:
+        if not ready:
+            raise StopRequested()
+
     if pid:
         try:
-            pidfd = os.pidfd_open(pid)
+            pidfd = os.pidfd_open(pid)      # before the handler: a stop must find it
         except ProcessLookupError:
             return ReadyResult(False, 0.0, f"server pid {pid} is not running", True)
-    poller = select.poll()
-    if pidfd is not None:
-        poller.register(pidfd, select.POLLIN)
-    last = "not listening yet"
-    port = _local_port(url)
-    backoff = LISTEN_POLL_S
-    progress = Progress(f"waiting for {url}")
+    previous = signal.signal(signal.SIGTERM, on_term)
+    stopped = False
     try:
+        poller = select.poll()
+        if pidfd is not None:
+            poller.register(pidfd, select.POLLIN)
+        last = "not listening yet"
+        local = _local_port(url)
+        listening = local is None
+        progress = Progress(f"waiting for {url}")
         while True:
-            if port is None or is_listening(port):
+            if not listening:
+                assert local is not None
+                listening = accepts(*local)
+            if listening:
                 # One request gets probe_timeout whatever the interval: SGLang's
                 # /health sleeps 1 s and generates a token before it answers.
                 ok, last = probe(url, max(0.1, min(probe_timeout, deadline - time.monotonic())))
-                wait_s = min(interval, backoff)
-                backoff *= 2
+                wait_s = interval
             else:
                 ok, wait_s = False, LISTEN_POLL_S
             elapsed = time.monotonic() - started
             if ok:
+                ready = True         # from here on a SIGTERM is the server's to drain
                 progress.done(f"{url} answered {last} after {elapsed:.1f}s")
                 return ReadyResult(True, elapsed, last)
             progress.update(f"{last}, {elapsed:.0f}s of {timeout:.0f}s")
@@ -86,6 +158,15 @@ def wait_ready(url: str, pid: int | None, timeout: float, interval: float,
             if poller.poll(max(1, int(min(wait_s, remaining) * 1000))):
                 return ReadyResult(False, time.monotonic() - started,
                                    f"server pid {pid} exited while loading (last: {last})", True)
+    except StopRequested:
+        stopped = True
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)    # one is enough
+        if pidfd is not None and pid:
+            _kill_loading_server(pidfd, pid, tell)
+        return ReadyResult(False, time.monotonic() - started,
+                           "stopped while the server loaded", stopped=True)
     finally:
         if pidfd is not None:
             os.close(pidfd)
+        if not stopped:
+            signal.signal(signal.SIGTERM, previous)

@@ -239,15 +239,17 @@ def _binary_findings(model: Any, spec: Any, who: str) -> list[Finding]:
 def _port_finding(model: Any) -> Finding | None:
     if model.port is None or "port" not in model.ports:
         return None
-    from ..facts.ports import can_bind, port_holders
-    holders = port_holders(model.port)
+    from ..facts.ports import can_bind, port_users
+    users = port_users(model.port)
+    holders = None if users is None else [info for info, _how in users]
     own = [h for h in holders or [] if h.unit == model.unit_name]
     if holders and len(own) == len(holders):
         return _model_finding("port", OK, f"port {model.port} is held by {model.unit_name} "
                               "itself (running)")
     if holders:
         return _model_finding("port", ERROR, f"port {model.port} is taken: "
-                              + "; ".join(h.describe()[:200] for h in holders),
+                              + "; ".join(f"{info.describe()[:200]} ({how})"
+                                          for info, how in users or []),
                               "stop that process, or give the model another `port`")
     if holders is None or not can_bind(model.host, model.port):
         return _model_finding("port", ERROR, f"port {model.port} is taken by a process out of "
@@ -333,8 +335,8 @@ def collect(names: list[str], root: str | None = None, do_import: bool = False) 
         from .status import unknown_names
         loaded = load_all(names)
         report["unknown"] = unknown_names(names, loaded)
-        problems = [str(p) for p in loaded.errors + loaded.conflicts]
-        report["errors"] += problems
+        for problem in loaded.errors + loaded.conflicts:
+            report["errors"].append(str(problem))
         for model in loaded.models:
             try:
                 render_checked(model)
@@ -346,7 +348,8 @@ def collect(names: list[str], root: str | None = None, do_import: bool = False) 
             mine = model_findings(model, b, every, health, driver, do_import)
             report["models"].append({"name": model.name, "unit": model.unit_name,
                                      "findings": [f.as_json() for f in mine]})
-        findings += [_model_finding("model-file", ERROR, p) for p in problems]
+        for problem in loaded.errors + loaded.conflicts:
+            findings.append(_model_finding("model-file", ERROR, str(problem)))
         for entry in report["models"]:
             findings += [Finding(**f) for f in entry["findings"]]
     report["level"] = worst(findings)

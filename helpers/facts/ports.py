@@ -1,46 +1,134 @@
-"""Is a TCP port free, and if not, which process listens on it."""
+"""Is a TCP port free, and if not, which process holds it (listening or only bound)."""
 
 from __future__ import annotations
 
 import errno
 import os
 import socket
+import struct
 import time
 from typing import Callable
 
 from .procinfo import ProcInfo, read_proc
 
-_LISTEN = "0A"
+# TCP states (include/net/tcp_states.h) and sock_diag's constants (linux/sock_diag.h)
+_TCP_TIME_WAIT, _TCP_CLOSE, _TCP_LISTEN = 6, 7, 10
+# A socket bound but not listening has no place in the listening or the
+# connection tables, so /proc/net/tcp never shows it; sock_diag dumps it (as
+# state CLOSE) when asked for this pseudo state, since Linux 6.11.
+_TCP_BOUND_INACTIVE = 13
+_NETLINK_SOCK_DIAG, _SOCK_DIAG_BY_FAMILY = 4, 20
+_NLM_F_REQUEST_DUMP = 0x301
+_NLMSG_ERROR, _NLMSG_DONE = 2, 3
+_BOUND_DUMP = tuple(int(x) for x in os.uname().release.split(".")[:2]
+                    if x.isdigit()) >= (6, 11)
 
 
-def _listening_inodes(port: int) -> set[str]:
-    inodes: set[str] = set()
+def _diag(family: int, states: int) -> list[tuple[int, int, int]]:
+    """(state, local port, inode) of the TCP sockets of `family` in `states`
+    (a bit mask), from the kernel's sock_diag: one request, no text to parse,
+    and only the asked-for tables are walked (not every connection)."""
+    request = struct.pack("=BBBBI", family, socket.IPPROTO_TCP, 0, 0, states) + bytes(48)
+    header = struct.pack("=IHHII", 16 + len(request), _SOCK_DIAG_BY_FAMILY,
+                         _NLM_F_REQUEST_DUMP, 1, 0)
+    found: list[tuple[int, int, int]] = []
+    with socket.socket(socket.AF_NETLINK, socket.SOCK_DGRAM, _NETLINK_SOCK_DIAG) as nl:
+        nl.sendto(header + request, (0, 0))
+        while True:
+            data = nl.recv(65536)
+            offset = 0
+            while offset + 16 <= len(data):
+                length, kind = struct.unpack_from("=IH", data, offset)
+                if kind == _NLMSG_DONE:
+                    return found
+                if kind == _NLMSG_ERROR:
+                    code = -struct.unpack_from("=i", data, offset + 16)[0]
+                    raise OSError(code, os.strerror(code))
+                # struct inet_diag_msg: family, state, timer, retrans, id (sport
+                # first, big-endian, 48 bytes), expires, rqueue, wqueue, uid, inode
+                state = data[offset + 17]
+                sport = struct.unpack_from(">H", data, offset + 20)[0]
+                inode = struct.unpack_from("=I", data, offset + 16 + 4 + 48 + 16)[0]
+                found.append((state, sport, inode))
+                offset += (length + 3) & ~3
+            if not data:
+                return found
+
+
+def _proc_tables(port: int) -> dict[str, str]:
+    """Listening sockets of `port` from /proc/net/tcp(6): where no sock_diag."""
+    inodes: dict[str, str] = {}
     for table in ("/proc/net/tcp", "/proc/net/tcp6"):
         try:
             with open(table, encoding="ascii") as f:
                 next(f, None)
                 for line in f:
                     fields = line.split()
-                    local, state, inode = fields[1], fields[3], fields[9]
-                    if state == _LISTEN and int(local.rsplit(":", 1)[1], 16) == port:
-                        inodes.add(inode)
+                    if int(fields[3], 16) == _TCP_LISTEN and \
+                            int(fields[1].rsplit(":", 1)[1], 16) == port:
+                        inodes[fields[9]] = "listening"
         except OSError:
             continue
     return inodes
 
 
-def is_listening(port: int) -> bool:
-    return bool(_listening_inodes(port))
+def _holding_inodes(port: int) -> dict[str, str]:
+    """Sockets that hold `port` as their local port, inode -> how: listening
+    ones, and ones bound but not listening yet (vLLM binds its port ~25 s
+    before it listens; with SO_REUSEADDR on both sides a bind() test succeeds
+    meanwhile).  TIME_WAIT leftovers (no process) are not holders: the server
+    binds over them with SO_REUSEADDR."""
+    states = 1 << _TCP_LISTEN | (1 << _TCP_BOUND_INACTIVE if _BOUND_DUMP else 0)
+    inodes: dict[str, str] = {}
+    try:
+        for family in (socket.AF_INET, socket.AF_INET6):
+            for state, sport, inode in _diag(family, states):
+                if sport == port and inode:
+                    inodes[str(inode)] = "listening" if state == _TCP_LISTEN else \
+                        "bound, not listening yet"
+    except OSError:
+        return _proc_tables(port)
+    return inodes
+
+
+def _bound_out_of_sight(host: str, port: int) -> bool:
+    """Before Linux 6.11 a bound, not listening socket shows nowhere.  A bind()
+    without SO_REUSEADDR still collides with it; it collides with TIME_WAIT
+    leftovers and live connections of the port too, so it counts only when the
+    kernel lists no socket at all on the port."""
+    if _BOUND_DUMP:
+        return False
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as s:
+        try:
+            s.bind((host, port))
+            return False
+        except OSError as e:
+            if e.errno != errno.EADDRINUSE:
+                return False
+    try:
+        every = (1 << 12) - 2        # TCP_ESTABLISHED .. TCP_CLOSING
+        return not any(sport == port for fam in (socket.AF_INET, socket.AF_INET6)
+                       for _state, sport, _inode in _diag(fam, every))
+    except OSError:
+        return False
 
 
 def port_holders(port: int) -> list[ProcInfo] | None:
-    """Processes listening on `port`: [] when free, None when it is taken but
-    the holder is out of sight (another network namespace, no permission)."""
-    inodes = _listening_inodes(port)
+    """port_users without the how (doctor's port check)."""
+    users = port_users(port)
+    return None if users is None else [info for info, _how in users]
+
+
+def port_users(port: int) -> list[tuple[ProcInfo, str]] | None:
+    """Processes holding `port`, each with how ("listening", "bound, not
+    listening yet"): [] when free, None when it is taken but the holder is out
+    of sight (another network namespace, no permission)."""
+    inodes = _holding_inodes(port)
     if not inodes:
         return []
-    wanted = {f"socket:[{i}]" for i in inodes}
-    found: list[ProcInfo] = []
+    wanted = {f"socket:[{i}]": how for i, how in inodes.items()}
+    found: list[tuple[ProcInfo, str]] = []
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
@@ -50,10 +138,11 @@ def port_holders(port: int) -> list[ProcInfo] | None:
             continue
         for fd in fds:
             try:
-                if os.readlink(f"/proc/{entry}/fd/{fd}") in wanted:
+                how = wanted.get(os.readlink(f"/proc/{entry}/fd/{fd}"))
+                if how is not None:
                     info = read_proc(int(entry))
                     if info is not None:
-                        found.append(info)
+                        found.append((info, how))
                     break
             except OSError:
                 continue
@@ -77,26 +166,28 @@ def wait_port_reporting(host: str, port: int, timeout: float,
     """wait_port_free, saying who holds the port when it is taken, and who
     still does if it is not free in time."""
     started = time.monotonic()
-    first = port_holders(port)
-    for info in first or []:
-        say(f"port {port} held by {info.describe()}; waiting")
+    first = port_users(port)
+    for info, how in first or []:
+        say(f"port {port} held by {info.describe()} ({how}); waiting")
     if wait_port_free(host, port, timeout):
         if first:
             say(f"port {port} free after {(time.monotonic() - started) * 1000:.0f} ms")
         return True
-    holders = port_holders(port)
-    who = "; ".join(i.describe() for i in holders) if holders else \
-        "a process out of sight (another network namespace?)"
+    users = port_users(port)
+    who = "; ".join(f"{i.describe()} ({how})" for i, how in users) if users else \
+        "a process out of sight (another network namespace, or a socket only bound, " \
+        "which kernels before 6.11 do not name)"
     say(f"port {port} still in use after {timeout:g}s: {who}")
     return False
 
 
 def wait_port_free(host: str, port: int, timeout: float, poll_s: float = 0.05) -> bool:
-    """True once nothing listens on the port and it can be bound (as the
-    server will, with SO_REUSEADDR); False at the timeout."""
+    """True once no socket holds the port (listening or only bound) and it can
+    be bound (as the server will, with SO_REUSEADDR); False at the timeout."""
     deadline = time.monotonic() + timeout
     while True:
-        if not _listening_inodes(port) and can_bind(host, port):
+        if not _holding_inodes(port) and can_bind(host, port) and \
+                not _bound_out_of_sight(host, port):
             return True
         if time.monotonic() >= deadline:
             return False

@@ -8,6 +8,10 @@ import pwd
 import re
 from dataclasses import dataclass
 
+# Command lines go into one journal line each: control characters escaped, as
+# the generator escapes paths and values in its messages.
+from ...generator.errors import one_line
+
 _CONTAINER_PATTERNS = (
     (re.compile(r"docker-([0-9a-f]{12,})\.scope"), "docker"),
     (re.compile(r"/docker/([0-9a-f]{12,})"), "docker"),
@@ -105,16 +109,6 @@ def _user(pid: int) -> str:
         return pwd.getpwuid(uid).pw_name
     except KeyError:
         return str(uid)
-
-
-_CONTROL = {c: f"\\x{c:02x}" for c in (*range(0x20), 0x7F)}
-_CONTROL[ord("\n")] = "\\n"
-_CONTROL[ord("\t")] = "\\t"
-
-
-def one_line(text: str) -> str:
-    """Command lines go into one journal line each: escape control characters."""
-    return text.translate(_CONTROL)
 
 
 def read_proc(pid: int) -> ProcInfo | None:

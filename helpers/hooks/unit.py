@@ -248,8 +248,13 @@ def wait_ready(argv: list[str]) -> int:
                         "a token before it answers)")
     a = p.parse_args(argv)
     from ..act.ready import wait_ready as wait
-    result = wait(a.url, a.pid, a.timeout, a.interval, a.probe_timeout)
+    result = wait(a.url, a.pid, a.timeout, a.interval, a.probe_timeout, say=_say)
     if result.ready:
+        return exitcodes.CLEAN
+    if result.stopped:
+        # A stop or restart while loading is no failure of the start: exit 0
+        # (a hook that died by the stop's SIGTERM failed the unit).
+        _say(f"{result.reason} ({result.seconds:.1f}s after ExecStartPost began)")
         return exitcodes.CLEAN
     if result.server_exited:
         from ..facts.systemd import main_exit_status
@@ -314,12 +319,14 @@ def liveness_probe(argv: list[str]) -> int:
     p.add_argument("--restart-window", type=_duration,
                    default=settings.default("liveness.restart-window"))
     p.add_argument("--state-dir", default=None)
+    p.add_argument("--post", default=None, metavar="JSON",
+                   help="POST this body (a one-token completion) instead of a GET")
     a = p.parse_args(argv)
     from ..act.liveness import Config, run_probe
     from ..facts.systemd import Liveness
     unit = unit_name(a.unit)
     cfg = Config(unit, a.url, a.interval, max(1, a.failures), a.timeout,
-                 max(0, a.max_restarts), a.restart_window)
+                 max(0, a.max_restarts), a.restart_window, a.post)
     try:
         run_probe(cfg, Liveness(), a.state_dir)
     except OSError as e:

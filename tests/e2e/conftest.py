@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from container import Container, available, suites
-from e2e_support import FAKE_GPU_COUNT, FAKE_TABLE, fake_gpu_table, install_fakes, model_toml
+from .container import Container, available, suites
+from .e2e_support import FAKE_GPU_COUNT, FAKE_TABLE, fake_gpu_table, install_fakes, model_toml
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import stat
 import subprocess
 import tempfile
 import time
@@ -47,6 +48,24 @@ def available() -> str | None:
         if not shutil.which(tool, path=SYSTEM_PATH):
             return f"{tool} not installed (apt-get install debootstrap systemd-container)"
     return None
+
+
+def _devnull_args() -> list[str]:
+    """nspawn copies the host's /dev/null with its mode.  Some sandboxes have it
+    0644, and then nothing but root can write to it in the container: trixie's
+    dbus-daemon fails to start (and every test that asks systemd over D-Bus with
+    it), as would a model's server run as its `user`.  A node of our own with
+    the mode every Debian host has (0666) is bound over it there."""
+    if stat.S_IMODE(os.stat("/dev/null").st_mode) & 0o666 == 0o666:
+        return []
+    node = CACHE / "dev-null-0666"
+    if not node.is_char_device():
+        CACHE.mkdir(parents=True, exist_ok=True)
+        tmp = CACHE / f".dev-null-{os.getpid()}"
+        os.mknod(tmp, stat.S_IFCHR | 0o666, os.makedev(1, 3))
+        os.chmod(tmp, 0o666)              # whatever the umask
+        os.replace(tmp, node)
+    return [f"--bind={node}:/dev/null"]
 
 
 def suites() -> list[str]:
@@ -148,7 +167,7 @@ class Container:
         log = open(self.dir / "console.log", "ab")
         self.proc = subprocess.Popen(
             ["systemd-nspawn", "-D", str(self.root), "--register=no", "--keep-unit",
-             "--quiet", *self._network_args(), *self.nspawn_args, "-b"],
+             "--quiet", *self._network_args(), *_devnull_args(), *self.nspawn_args, "-b"],
             stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
             env=dict(os.environ, PATH=SYSTEM_PATH, SYSTEMD_NSPAWN_TMPFS_TMP="0"))
         deadline = time.monotonic() + 120

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from support import wait_until  # noqa: F401  (the tests' one wait helper, re-exported)
+from ..support import wait_until  # noqa: F401  (the tests' one wait helper, re-exported)
 
 FAKE_GPU_COUNT = 6
 FAKE_TABLE = "/etc/infer-units/fakegpus.json"

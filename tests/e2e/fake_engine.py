@@ -20,7 +20,12 @@ under:
   fake-python -m vllm.entrypoints.cli.main serve M --tensor-parallel-size N ...
       vLLM: binds its port at once but listens only when the engine is up;
       aborts its own start after VLLM_ENGINE_READY_TIMEOUT_S (600 s default);
-      API server -> EngineCore -> workers; /health 200 once up.
+      API server -> EngineCore -> workers; /health 200 once up.  Like the real
+      vLLM 0.32 (DESIGN.md, "Real engines, measured"): SIGTERM early in the
+      load ends it, but from FAKE_IGNORE_TERM_FROM_S into the load (default:
+      half of it) SIGTERM is ignored and it goes on to serve; when EngineCore
+      dies (SIGKILL, or by itself FAKE_ENGINE_DIES_S after the start) the API
+      server exits 0.
   fake-python <anything else>: the real python3 with a CPU stand-in for torch
       (the P2P self-test runs with the engine's interpreter).
   fake-tgi --model-id M --num-shard N --hostname H --port P [--master-port]
@@ -32,7 +37,9 @@ under:
       like upstream.  SIGTERM: graceful termination of the children.
   fake-llama-server --model M --host H --port P
       llama.cpp: one process, listens at once, /health 503 "Loading model"
-      until loaded.
+      until loaded; POST /v1/completions (and /completion) the same, then 200.
+  (vLLM's POST /v1/completions: 200 after FAKE_GENERATE_S; it never answers
+  while EngineCore is stopped (SIGSTOP), while /health still says 200.)
 
 Timings come from the environment (the model's [env]): FAKE_LOAD_S (1),
 FAKE_HEALTH_S (SGLang's 1 s sleep), FAKE_WARMUP_S (SGLang 0.5), FAKE_DRAIN_S
@@ -72,6 +79,13 @@ def gpu_files() -> list[str]:
             if item == str(g["index"]) or item == g["uuid"]:
                 chosen.append(g["device"])
     return chosen
+
+
+def set_comm(title: str) -> None:
+    """The process name /proc/PID/comm shows, as the real engines set theirs."""
+    import ctypes
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(15, title.encode()[:15] + b"\0", 0, 0, 0)   # PR_SET_NAME
 
 
 def env_float(name: str, default: float) -> float:
@@ -127,10 +141,17 @@ def kill_tree(pids: list[int]) -> None:
 class Server:
     """An HTTP server on (host, port) whose GET answers come from `answer(path)`."""
 
-    def __init__(self, host: str, port: int, answer, sock: socket.socket | None = None) -> None:
+    def __init__(self, host: str, port: int, answer, sock: socket.socket | None = None,
+                 post=None) -> None:
         class Handler(http.server.BaseHTTPRequestHandler):
+            def do_POST(self) -> None:  # noqa: N802
+                self.rfile.read(int(self.headers.get("Content-Length", 0)))
+                self._send(*(post(self.path) if post else (404, "")))
+
             def do_GET(self) -> None:  # noqa: N802
-                code, body = answer(self.path)
+                self._send(*answer(self.path))
+
+            def _send(self, code: int, body) -> None:
                 data = (body if isinstance(body, str) else json.dumps(body)).encode()
                 self.send_response(code)
                 self.send_header("Content-Length", str(len(data)))
@@ -150,6 +171,14 @@ class Server:
             self.httpd.server_activate()
         self.httpd.daemon_threads = True
         threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+
+
+def _stopped(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] in ("T", "t")
+    except OSError:
+        return False
 
 
 def on_sigterm() -> threading.Event:
@@ -408,10 +437,21 @@ def vllm(argv: list[str]) -> int:
     ready_timeout = env_float("VLLM_ENGINE_READY_TIMEOUT_S", 600.0)
     engine_core = os.fork()
     if engine_core == 0:                     # EngineCore with its workers
+        set_comm("VLLM::EngineCore")          # the real one's title (comm: 15 chars)
         sock.close()
         spawn_workers(args.tensor_parallel_size // args.nnodes, gpu_files())
         while True:
             time.sleep(3600)
+    # The real API server exits 0 when its EngineCore dies, loading or serving.
+    def watch_engine_core() -> None:
+        os.waitpid(engine_core, 0)
+        say("vllm", "EngineCore died; API server shutting down")
+        os._exit(0)
+
+    threading.Thread(target=watch_engine_core, daemon=True).start()
+    dies_s = os.environ.get("FAKE_ENGINE_DIES_S")
+    if dies_s is not None:
+        threading.Timer(float(dies_s), lambda: kill_tree([engine_core])).start()
     stop = on_sigterm()
     group = None
     if args.nnodes > 1:
@@ -426,9 +466,16 @@ def vllm(argv: list[str]) -> int:
             kill_tree([engine_core])
             return 0
     load = env_float("FAKE_LOAD_S", 1.0)
-    if stop.wait(min(load, ready_timeout)):
+    # SIGTERM ends the load only before this point; after it the real vLLM
+    # ignored SIGTERM, finished loading and served.
+    deaf_from = min(env_float("FAKE_IGNORE_TERM_FROM_S", load / 2), load, ready_timeout)
+    if stop.wait(deaf_from):
         kill_tree([engine_core])
         return 0
+    signal.signal(signal.SIGTERM, lambda *_: say("vllm", "SIGTERM ignored while loading"))
+    say("vllm", "loading; SIGTERM is ignored from here until ready")
+    time.sleep(min(load, ready_timeout) - deaf_from)
+    stop = on_sigterm()
     if load > ready_timeout:
         say("vllm", f"RuntimeError: Timed out waiting for engine core processes to start "
             f"(VLLM_ENGINE_READY_TIMEOUT_S={ready_timeout:g})")
@@ -439,9 +486,17 @@ def vllm(argv: list[str]) -> int:
             return 404, {"detail": "Not Found"}
         if group is not None:
             group.hang_if_lost()
-        return 200, ""
+        return 200, ""       # a flag: 200 even while EngineCore is wedged (vllm#36960)
 
-    Server(host, args.port, health, sock=sock)
+    def complete(path: str):
+        if path != "/v1/completions":
+            return 404, {"detail": "Not Found"}
+        while _stopped(engine_core):     # EngineCore SIGSTOPped: the token never comes
+            time.sleep(0.1)
+        time.sleep(env_float("FAKE_GENERATE_S", 0.0))
+        return 200, {"object": "text_completion", "choices": [{"text": "1"}]}
+
+    Server(host, args.port, health, sock=sock, post=complete)
     say("vllm", f"API server on {host}:{args.port}, tp {args.tensor_parallel_size}, "
         f"custom all-reduce {'off' if args.disable_custom_all_reduce else 'on'}")
     stop.wait()
@@ -555,7 +610,15 @@ def llamacpp(argv: list[str]) -> int:
                                    "type": "unavailable_error"}}
         return 200, {"status": "ok"}
 
-    server = Server(args.host, args.port, answer)   # listens before the model loads
+    def complete(path: str):
+        if path not in ("/v1/completions", "/completion"):
+            return 404, ""
+        if time.monotonic() < loaded_at:
+            return 503, {"error": {"code": 503, "message": "Loading model",
+                                   "type": "unavailable_error"}}
+        return 200, {"choices": [{"text": "1"}]}
+
+    server = Server(args.host, args.port, answer, post=complete)   # listens before loading
     say("llamacpp", f"listening on {args.host}:{args.port}")
     on_sigterm().wait()
     server.httpd.shutdown()

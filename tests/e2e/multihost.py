@@ -15,8 +15,8 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-from container import SYSTEM_PATH, Container
-from e2e_support import FAKE_GPU_COUNT, FAKE_TABLE, fake_gpu_table, install_fakes
+from .container import SYSTEM_PATH, Container
+from .e2e_support import FAKE_GPU_COUNT, FAKE_TABLE, fake_gpu_table, install_fakes
 
 HOSTS = {"gpu-a": "10.77.0.1", "gpu-b": "10.77.0.2", "gpu-c": "10.77.0.3"}
 SWITCH = "iu-switch"        # the namespace holding the bridge

@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from e2e_support import model_toml
+from .e2e_support import model_toml
 
 pytestmark = pytest.mark.e2e
 

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from e2e_support import add_model, alive, holders, model_toml, show, wait_until
+from .e2e_support import add_model, alive, holders, model_toml, show, wait_until
 
 pytestmark = pytest.mark.e2e
 
@@ -113,6 +113,9 @@ def test_another_service_on_the_gpus_blocks_the_start(box) -> None:
     log = box.journal("gamma.service")
     assert "belongs to infer-units service alpha.service" in log
     assert "start of gamma.service refused; no automatic restart" in log
+    # at priority err (the hooks' <3> prefix): `journalctl -p err` shows why
+    errors = box.sh("journalctl -b -q -o cat -p err -u gamma.service").stdout
+    assert "start of gamma.service refused" in errors and "blocked:" in errors, errors
     # The hook leaves with "blocked" itself, not killed by its cancelled job's
     # SIGTERM.  `systemctl start` returns when the job is cancelled, which can
     # be before the hook has exited and systemd has recorded its status: wait

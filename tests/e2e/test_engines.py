@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from e2e_support import FAKE_TABLE, FAKES, add_model, alive, engine_toml, holders, show
+from .e2e_support import FAKE_TABLE, FAKES, add_model, alive, engine_toml, holders, show
 
 pytestmark = pytest.mark.e2e
 

@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from e2e_support import add_model, model_toml, show, wait_until
+from .e2e_support import add_model, model_toml, show, wait_until
 
 pytestmark = pytest.mark.e2e
 

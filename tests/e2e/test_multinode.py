@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from e2e_support import FAKE_TABLE, FAKES, show, wait_until
-from multihost import HOSTS, Group
+from .e2e_support import FAKE_TABLE, FAKES, show, wait_until
+from .multihost import HOSTS, Group
 
 pytestmark = pytest.mark.e2e
 

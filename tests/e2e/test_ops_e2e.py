@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from e2e_support import FAKE_TABLE, add_model, model_toml, show
+from .e2e_support import FAKE_TABLE, add_model, model_toml, show
 
 pytestmark = pytest.mark.e2e
 FENCE = "/run/infer-units/drain.fence"

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from support import PYTHON, base_env, run_cli
+from ..support import PYTHON, base_env, run_cli
 
 pytestmark = pytest.mark.gpu
 

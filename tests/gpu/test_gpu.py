@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from support import PYTHON, base_env, run_cli, wait_until
+from ..support import PYTHON, base_env, run_cli, wait_until
 
 pytestmark = pytest.mark.gpu
 

@@ -1,0 +1,180 @@
+#!/usr/bin/python3
+"""What `infer-units wait-ready` costs while a server loads, and how late it
+notices the server is ready.
+
+    /usr/bin/python3 bench/ready_bench.py [--tree DIR] [--wait 10] [--runs 7] [--sockets 2000]
+
+`--tree` runs the hook of another checkout (e.g. a worktree of the previous
+commit) for a side-by-side figure; default: this checkout.  The server is
+a thread of this process, so the hook's CPU (its own rusage, from wait4) is
+the hook's alone.  Scenarios, each `--wait` seconds of waiting:
+
+  absent     nothing on the port (a server still importing)
+  bound      bound, not listening (vLLM holds its port so ~25 s)
+  loading    listening, /health 503 "Loading model" (llama.cpp)
+
+CPU per 10 s of waiting: a run of 1 s + --wait minus a run of 1 s (so the
+interpreter's start and imports drop out), median of 3.  Lag: the hook's exit minus the moment the
+server could first answer 2xx (vLLM: it starts listening; llama.cpp: /health
+turns 200), median and max of --runs.  DESIGN's goals: under 1% of one core
+(0.1 s per 10 s), the unit active within 100 ms of the first 2xx.
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.server
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Server:
+    """A health endpoint whose answer flips to 200 at `ready_at` (monotonic)."""
+
+    def __init__(self, port: int, listen_at: float | None, ready_at: float) -> None:
+        self.port, self.ready_at = port, ready_at
+        self.sock = socket.socket()
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.sock.bind(("127.0.0.1", port))
+        self.requests = 0
+        bench = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self) -> None:  # noqa: N802
+                bench.requests += 1
+                ok = time.monotonic() >= bench.ready_at
+                self.send_response(200 if ok else 503)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+            def log_message(self, *a: object) -> None:
+                pass
+
+        self.handler = Handler
+        self.httpd: http.server.HTTPServer | None = None
+        if listen_at is not None:
+            threading.Thread(target=self._listen_at, args=(listen_at,), daemon=True).start()
+
+    def _listen_at(self, when: float) -> None:
+        time.sleep(max(0.0, when - time.monotonic()))
+        httpd = http.server.ThreadingHTTPServer(("127.0.0.1", self.port), self.handler,
+                                                bind_and_activate=False)
+        httpd.socket.close()
+        httpd.socket = self.sock
+        httpd.server_activate()
+        self.httpd = httpd
+        threading.Thread(target=httpd.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        if self.httpd is not None:
+            self.httpd.shutdown()
+        self.sock.close()
+
+
+INTERVAL: list[str] = []      # --interval for the hook, when the bench is given one
+
+
+def hook(tree: Path, port: int, timeout: float) -> tuple[float, float]:
+    """Run wait-ready; (CPU seconds, exit time on the monotonic clock)."""
+    env = dict(os.environ, PYTHONPATH=str(tree))
+    proc = subprocess.Popen([sys.executable, "-m", "infer_units", "wait-ready", "--url",
+                             f"http://127.0.0.1:{port}/health", "--timeout", f"{timeout}s",
+                             *INTERVAL],
+                            env=env, cwd=tree, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)   # cwd: -m looks there first
+    _pid, _status, usage = os.wait4(proc.pid, 0)
+    proc.returncode = 0
+    return usage.ru_utime + usage.ru_stime, time.monotonic()
+
+
+def cpu(tree: Path, scenario: str, wait: float) -> float:
+    port = free_port()
+    never = time.monotonic() + 10 * wait + 3600
+    server = None
+    if scenario == "bound":
+        server = Server(port, None, never)
+    elif scenario == "loading":
+        server = Server(port, time.monotonic(), never)
+    try:
+        spent, _ = hook(tree, port, wait)
+    finally:
+        if server is not None:
+            server.close()
+    return spent
+
+
+def lag(tree: Path, scenario: str, after: float) -> float:
+    port = free_port()
+    now = time.monotonic()
+    if scenario == "bound":       # vLLM: listens only once ready
+        server = Server(port, now + after, now + after)
+    else:                         # llama.cpp: listens at once, 503 until loaded
+        server = Server(port, now, now + after)
+    try:
+        _, done = hook(tree, port, 60)
+    finally:
+        server.close()
+    return done - server.ready_at
+
+
+def busy_host(count: int) -> list[socket.socket]:
+    """`count` established loopback connections (two sockets each)."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(128)
+    held = [listener]
+    for _ in range(count // 2):
+        client = socket.create_connection(listener.getsockname())
+        server, _ = listener.accept()
+        held += [client, server]
+    return held
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--tree", type=Path, default=ROOT)
+    p.add_argument("--wait", type=float, default=10.0)
+    p.add_argument("--runs", type=int, default=7)
+    p.add_argument("--interval", help="wait-ready's --interval (default: its own)")
+    p.add_argument("--scenarios", default="absent,bound,loading")
+    p.add_argument("--sockets", type=int, default=2000,
+                   help="open loopback connections meanwhile, as on a busy host (every "
+                        "one is a line of /proc/net/tcp)")
+    a = p.parse_args()
+    keep = busy_host(a.sockets)  # noqa: F841  (held open)
+    if a.interval:
+        INTERVAL.extend(["--interval", a.interval])
+    chosen = a.scenarios.split(",")
+    print(f"wait-ready of {a.tree} ({sys.executable}), {a.sockets} other TCP sockets, "
+          f"--interval {a.interval or 'default'}")
+    for scenario in [s for s in ("absent", "bound", "loading") if s in chosen]:
+        # the same hook for 1 s and for 1 s + wait: the difference is the waiting
+        per10 = statistics.median(
+            cpu(a.tree, scenario, 1 + a.wait) - cpu(a.tree, scenario, 1.0)
+            for _ in range(3)) * 10 / a.wait
+        print(f"  {scenario:8} {per10:6.3f} s CPU per 10 s of waiting = {per10 * 10:5.2f}% "
+              f"of a core (goal < 1%: {'met' if per10 < 0.1 else 'NOT met'})")
+    for scenario in [s for s in ("bound", "loading") if s in chosen]:
+        lags = [lag(a.tree, scenario, 1.0 + 0.137 * i) for i in range(a.runs)]
+        print(f"  lag {scenario:8} median {statistics.median(lags) * 1000:5.0f} ms, max "
+              f"{max(lags) * 1000:5.0f} ms over {a.runs} runs (goal < 100 ms: "
+              f"{'met' if max(lags) < 0.1 else 'NOT met'})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

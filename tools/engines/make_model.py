@@ -1,0 +1,79 @@
+"""Make a tiny random-weight Llama with a tokenizer built here (no hub): run
+with the vLLM venv's python (torch, transformers, tokenizers), one argument:
+the directory to write.  Hidden 256 = 4 heads of 64 (vLLM's CPU attention
+wants head_dim >= 64), 2 layers; a few MB.
+
+The tokenizer is a Llama-2 style BPE with byte fallback (specials, then the
+256 byte tokens <0x00>..<0xFF>, then merges learnt from a few sentences): the
+shape llama.cpp's convert_hf_to_gguf.py converts as a "llama" vocabulary
+without knowing its pre-tokenizer hash, and vLLM loads as a fast tokenizer.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import torch
+from tokenizers import Tokenizer, decoders, models, normalizers, processors, trainers
+from transformers import LlamaConfig, LlamaForCausalLM
+
+SPECIALS = ["<unk>", "<s>", "</s>"]
+CORPUS = [
+    "The quick brown fox jumps over the lazy dog.",
+    "A unit is started, stopped and restarted by systemd; the server answers health probes.",
+    "Hello world! One token at a time, the model writes a reply to the prompt it was given.",
+    "0 1 2 3 4 5 6 7 8 9 ten eleven twelve, the numbers and the letters of the alphabet.",
+] * 20
+
+
+def tokenizer_json() -> dict:
+    tok = Tokenizer(models.BPE(unk_token="<unk>", byte_fallback=True, fuse_unk=True))
+    tok.normalizer = normalizers.Sequence([normalizers.Prepend("\u2581"),
+                                           normalizers.Replace(" ", "\u2581")])
+    tok.decoder = decoders.Sequence([decoders.Replace("\u2581", " "), decoders.ByteFallback(),
+                                     decoders.Fuse(), decoders.Strip(" ", 1, 0)])
+    tok.train_from_iterator(CORPUS, trainers.BpeTrainer(vocab_size=200, special_tokens=SPECIALS,
+                                                        show_progress=False))
+    tok.post_processor = processors.TemplateProcessing(
+        single="<s> $A", pair="<s> $A <s> $B", special_tokens=[("<s>", 1)])
+    data = json.loads(tok.to_str())
+    # Byte tokens right after the specials, as in Llama-2's vocabulary.
+    learnt = sorted(data["model"]["vocab"].items(), key=lambda kv: kv[1])
+    vocab = {t: i for i, t in enumerate(SPECIALS)}
+    for b in range(256):
+        vocab[f"<0x{b:02X}>"] = len(vocab)
+    for t, _ in learnt:
+        if t not in vocab:
+            vocab[t] = len(vocab)
+    data["model"]["vocab"] = vocab
+    return data
+
+
+def main(out: Path) -> None:
+    out.mkdir(parents=True)
+    data = tokenizer_json()
+    (out / "tokenizer.json").write_text(json.dumps(data, ensure_ascii=False))
+    (out / "tokenizer_config.json").write_text(json.dumps({
+        "tokenizer_class": "PreTrainedTokenizerFast", "bos_token": "<s>", "eos_token": "</s>",
+        "unk_token": "<unk>", "add_bos_token": True, "add_eos_token": False,
+        "model_max_length": 512, "clean_up_tokenization_spaces": False,
+        "chat_template": "{% for m in messages %}{{ m['content'] }}\n{% endfor %}",
+    }))
+    (out / "special_tokens_map.json").write_text(json.dumps(
+        {"bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>"}))
+    # Exactly the tokenizer's size: the GGUF's token list must match the embedding.
+    vocab_size = len(data["model"]["vocab"])
+    config = LlamaConfig(
+        vocab_size=vocab_size, hidden_size=256, intermediate_size=512, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=4, head_dim=64,
+        max_position_embeddings=512, rms_norm_eps=1e-5, rope_theta=10000.0,
+        bos_token_id=1, eos_token_id=2, tie_word_embeddings=False, torch_dtype="float32")
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(config).to(torch.float32)
+    model.save_pretrained(out, safe_serialization=True)
+
+
+if __name__ == "__main__":
+    main(Path(sys.argv[1]))

@@ -43,9 +43,13 @@ def test_a_sick_gpu_refuses_the_start_without_restart_and_says_why_at_err(box, s
     # The hook leaves after cancelling its own start: wait for the unit to
     # settle.  Refused, not failed-and-retrying: an auto-restart would be
     # "activating/auto-restart", never inactive or failed.
-    assert wait_until(lambda: show(box, "sick.service", "ActiveState")["ActiveState"]
-                      in ("failed", "inactive"))
-    props = show(box, "sick.service", "ActiveState", "SubState", "NRestarts", "ExecStartPre")
+    def settled() -> dict[str, str]:
+        return show(box, "sick.service", "ActiveState", "SubState", "NRestarts", "ExecStartPre",
+                    "Job")
+    assert wait_until(lambda: "code=(null)" not in settled()["ExecStartPre"]
+                      and not settled().get("Job"), timeout=60), settled()
+    props = settled()
+    assert props["ActiveState"] in ("failed", "inactive"), props
     assert props["SubState"] != "auto-restart" and props["NRestarts"] == "0", props
     assert "sick.service" not in box.sh("systemctl list-jobs --no-legend").stdout
     assert "code=exited ; status=2" in props["ExecStartPre"], props["ExecStartPre"]
@@ -77,7 +81,8 @@ def test_health_accept_lets_the_start_through_and_logs_a_warning(box, sick) -> N
     pre = show(box, "sick.service", "ExecStartPre")["ExecStartPre"]
     assert "--accept-health xid" in pre, pre
     box.sh("systemctl start sick")
-    assert wait_until(lambda: show(box, "sick.service", "ActiveState")["ActiveState"] == "active")
+    assert wait_until(lambda: show(box, "sick.service", "ActiveState")["ActiveState"] == "active",
+                      timeout=60)
     warnings = box.sh("journalctl -p warning -u sick.service -o cat --no-pager").stdout
     assert "xid error (accepted by [health] accept): XID 79 since boot" in warnings, warnings
     errors = box.sh("journalctl -p err -u sick.service -o cat --no-pager --since=-1min",

@@ -140,31 +140,6 @@ def companions_release_deb(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return build_deb(src, env={**os.environ, "INFER_UNITS_DEB_VERSION": "0.2.0~companions1"})
 
 
-def test_upgrade_from_generated_liveness_companions_leaves_none_behind(
-        box, companions_release_deb: Path, deb: Path) -> None:
-    """The previous package generated <name>-liveness.timer/.service: after the
-    upgrade none of them is left loaded or running, the active model keeps
-    its process and has the package's infer-units-liveness@ timer running."""
-    box.sh(f"{APT} purge infer-units >/dev/null 2>&1 || true", net=True)
-    install(box, companions_release_deb)
-    box.write("/etc/infer-units/lvup.toml", model_toml("lvup", [0], 18203))
-    box.sh("systemctl daemon-reload")
-    start(box, "lvup")
-    pid = show(box, "lvup.service", "MainPID")["MainPID"]
-    assert show(box, "lvup-liveness.timer", "ActiveState")["ActiveState"] == "active"
-
-    install(box, deb)
-
-    assert show(box, "lvup.service", "MainPID", "ActiveState") == \
-        {"MainPID": pid, "ActiveState": "active"}
-    stale = box.sh("systemctl list-units --all --plain --no-legend 'lvup-liveness.*'").stdout
-    assert "lvup-liveness" not in stale, stale
-    assert show(box, "infer-units-liveness@lvup.timer", "ActiveState")["ActiveState"] == "active"
-    assert box.sh("ls /run/systemd/generator | grep -c lvup").stdout.strip() == "1"
-    box.sh("systemctl stop lvup")
-    box.sh("rm -f /etc/infer-units/lvup.toml && systemctl daemon-reload")
-
-
 def test_deb_built_from_nothing_in_the_container_upgrades_alike(box, tmp_path: Path) -> None:
     """build-deb as root on this suite's minbase (plus the runtime packages),
     with this suite's debhelper: same maintainer scripts, same behaviour."""
@@ -246,3 +221,30 @@ def test_purge_leaves_no_dangling_link(box) -> None:
     assert show(box, "keeper.service", "LoadState")["LoadState"] == "not-found"
     # the operator's model files are theirs, not the package's
     box.sh("test -f /etc/infer-units/keeper.toml && test -f /etc/infer-units/sleeper.toml")
+
+
+def test_upgrade_from_generated_liveness_companions_leaves_none_behind(
+        box, companions_release_deb: Path, deb: Path) -> None:
+    """Last in this file: it purges the package, which stops the models the
+    tests above share (keeper).  The previous package generated
+    <name>-liveness.timer/.service: after the
+    upgrade none of them is left loaded or running, the active model keeps
+    its process and has the package's infer-units-liveness@ timer running."""
+    box.sh(f"{APT} purge infer-units >/dev/null 2>&1 || true", net=True)
+    install(box, companions_release_deb)
+    box.write("/etc/infer-units/lvup.toml", model_toml("lvup", [0], 18203))
+    box.sh("systemctl daemon-reload")
+    start(box, "lvup")
+    pid = show(box, "lvup.service", "MainPID")["MainPID"]
+    assert show(box, "lvup-liveness.timer", "ActiveState")["ActiveState"] == "active"
+
+    install(box, deb)
+
+    assert show(box, "lvup.service", "MainPID", "ActiveState") == \
+        {"MainPID": pid, "ActiveState": "active"}
+    stale = box.sh("systemctl list-units --all --plain --no-legend 'lvup-liveness.*'").stdout
+    assert "lvup-liveness" not in stale, stale
+    assert show(box, "infer-units-liveness@lvup.timer", "ActiveState")["ActiveState"] == "active"
+    assert box.sh("ls /run/systemd/generator | grep -c lvup").stdout.strip() == "1"
+    box.sh("systemctl stop lvup")
+    box.sh("rm -f /etc/infer-units/lvup.toml && systemctl daemon-reload")

@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import math
 
-# A deadline beyond a year is a typo, and poll()/monotonic arithmetic must
-# stay finite: "400 digits of seconds" would be inf.
-MAX_SECONDS = 366 * 86400.0
+# ONE bound for every span, the generator's (generator/durations.py): what the
+# generator accepts in a config, every hook accepts on its argv.  It also keeps
+# poll()/monotonic arithmetic finite.
+from ..generator.durations import MAX_SECONDS
 PID_MAX = 1 << 22       # the kernel's PID_MAX_LIMIT on 64-bit
 
 
@@ -30,7 +31,7 @@ def duration(text: str) -> float:
         raise ValueError(f"bad time span {text!r}: ASCII digits and units only")
     seconds = parse_duration(text)
     if not math.isfinite(seconds) or seconds > MAX_SECONDS:
-        raise ValueError(f"bad time span {text!r}: more than a year")
+        raise ValueError(f"bad time span {text!r}: more than {MAX_SECONDS}s (10 years)")
     return seconds
 
 

@@ -18,8 +18,9 @@ def fake_gpus(tmp_path: Path) -> FakeGpus:
 def holders():
     started: list[Holder] = []
 
-    def start(devices: list[Path], mode: str = "plain", argv0: str | None = None) -> Holder:
-        h = Holder(devices, mode, argv0)
+    def start(devices: list[Path], mode: str = "plain", argv0: str | None = None,
+              exe: str | None = None, exe_uid: int = 0) -> Holder:
+        h = Holder(devices, mode, argv0, exe, exe_uid)
         started.append(h)
         return h
 

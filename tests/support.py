@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -89,8 +90,19 @@ while True:
 class Holder:
     """A real process that holds fake GPU device files open."""
 
-    def __init__(self, devices: list[Path], mode: str = "plain", argv0: str | None = None) -> None:
+    def __init__(self, devices: list[Path], mode: str = "plain", argv0: str | None = None,
+                 exe: str | None = None, exe_uid: int = 0) -> None:
         argv = [PYTHON, "-c", HOLDER, mode, ",".join(str(d) for d in devices)]
+        if exe:
+            # Run a copy of the interpreter named `exe`, owned by exe_uid
+            # (ignore-list tests: the list trusts root-owned executables only).
+            copy = Path(devices[0]).parent / "bin" / exe
+            copy.parent.mkdir(exist_ok=True)
+            if not copy.exists():
+                shutil.copy2(os.path.realpath(PYTHON), copy)
+                os.chmod(copy, 0o755)
+                os.chown(copy, exe_uid, -1)
+            argv[0] = str(copy)
         if argv0:
             # Run under another name (ignore-list tests): exec through a symlink.
             link = Path(devices[0]).parent / argv0

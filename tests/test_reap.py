@@ -56,8 +56,8 @@ def test_every_kill_is_logged_with_pid_cmdline_and_why(fake_gpus: FakeGpus, hold
 
 
 def test_ignore_list_is_never_touched(fake_gpus: FakeGpus, holders) -> None:
-    persistenced = holders([fake_gpus.devices[0]], argv0="nvidia-persistenced")
-    exporter = holders([fake_gpus.devices[0]], argv0="my-exporter")
+    persistenced = holders([fake_gpus.devices[0]], exe="nvidia-persistenced")
+    exporter = holders([fake_gpus.devices[0]], exe="my-exporter")
     victim = holders([fake_gpus.devices[0]])
     code, report = reap_json(fake_gpus, "--gpus", "0", "--ignore", "my-exporter",
                              "--term-grace", "2s")
@@ -65,6 +65,27 @@ def test_ignore_list_is_never_touched(fake_gpus: FakeGpus, holders) -> None:
     assert wait_until(lambda: not victim.alive())
     assert persistenced.alive() and exporter.alive()
     assert {h["pid"] for h in report["ignored"]} == {persistenced.pid, exporter.pid}
+
+
+def test_a_hog_naming_itself_a_gpu_daemon_is_reaped(fake_gpus: FakeGpus, holders) -> None:
+    # The attacker's three ways to be called nvidia-persistenced: argv[0]
+    # (exec -a), comm (what prctl sets: here the argv[0] basename at exec) and
+    # a copy of some binary under that name that the user owns.
+    by_argv0 = holders([fake_gpus.devices[0]], argv0="nvidia-persistenced")
+    by_copy = holders([fake_gpus.devices[0]], exe="dcgm-exporter", exe_uid=65534)
+    spared = holders([fake_gpus.devices[1]], exe="nvidia-persistenced")
+    code, report = reap_json(fake_gpus, "--gpus", "0,1", "--term-grace", "2s")
+    assert code == 0, report
+    assert wait_until(lambda: not by_argv0.alive() and not by_copy.alive())
+    assert spared.alive()
+    assert {h["pid"] for h in report["ignored"]} == {spared.pid}
+
+
+def test_drain_reaps_a_hog_named_like_a_gpu_daemon(fake_gpus: FakeGpus, holders) -> None:
+    hog = holders([fake_gpus.devices[2]], argv0="nv-hostengine")
+    done = run_cli("drain", "--term-grace", "2s", env=fake_gpus.env())
+    assert done.returncode == 0, done.stderr
+    assert wait_until(lambda: not hog.alive())
 
 
 def test_name_sharing_the_15_char_prefix_is_not_ignored(fake_gpus: FakeGpus, holders) -> None:
@@ -329,7 +350,7 @@ def test_wait_free_reports_a_foreign_user_and_returns_at_once(fake_gpus: FakeGpu
 def test_drain_reaps_every_holder_but_the_ignore_list(fake_gpus: FakeGpus, holders) -> None:
     a = holders([fake_gpus.devices[0]])
     b = holders([fake_gpus.devices[3]], mode="ignore-term")
-    keep = holders([fake_gpus.devices[1]], argv0="nv-hostengine")
+    keep = holders([fake_gpus.devices[1]], exe="nv-hostengine")
     done = run_cli("drain", "--term-grace", "0.3s", "--timeout", "5s", env=fake_gpus.env())
     assert done.returncode == 0, done.stderr
     assert wait_until(lambda: not a.alive() and not b.alive())

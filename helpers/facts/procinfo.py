@@ -39,6 +39,10 @@ class ProcInfo:
     # State Z with no live thread: exited, not yet reaped by its parent.  It
     # holds nothing and its cgroup reads "/" (it left it): never "foreign".
     exited: bool = False
+    # Basename of /proc/PID/exe when that file is root's and not writable by
+    # group or others; None otherwise.  The only name the ignore list trusts:
+    # argv[0] and comm are whatever the process chose (exec -a, prctl).
+    root_exe: str | None = None
 
     def describe(self) -> str:
         where = self.unit or (f"container {self.container}" if self.container else self.cgroup)
@@ -100,6 +104,21 @@ def read_cgroup(pid: int, tid: int | None = None) -> str:
     return systemd if systemd and systemd != "/" else (v2 or systemd or "/")
 
 
+def root_exe_name(pid: int) -> str | None:
+    """Basename of the executable a process runs, only when a local user
+    cannot have put it there: owned by root, no group/other write bit."""
+    try:
+        path = os.readlink(f"/proc/{pid}/exe")
+        st = os.stat(f"/proc/{pid}/exe")   # the mapped file itself, even if renamed
+    except OSError:
+        return None
+    if st.st_uid != 0 or st.st_mode & 0o022:
+        return None
+    if path.endswith(" (deleted)"):
+        return None
+    return os.path.basename(path)
+
+
 def _user(pid: int) -> str:
     try:
         uid = os.stat(f"/proc/{pid}").st_uid
@@ -147,7 +166,8 @@ def read_proc(pid: int) -> ProcInfo | None:
                     cmdline=one_line(" ".join(argv)) if argv else f"[{comm}]",
                     user=_user(pid), state=state, start_time=start_time,
                     cgroup=cgroup, unit=unit_of_cgroup(cgroup),
-                    container=container_of_cgroup(cgroup), exited=exited)
+                    container=container_of_cgroup(cgroup), exited=exited,
+                    root_exe=root_exe_name(pid))
 
 
 def _live_thread_cgroup(pid: int) -> str | None:
@@ -165,16 +185,10 @@ def _live_thread_cgroup(pid: int) -> str | None:
 
 
 def matches_name(info: ProcInfo, names: tuple[str, ...] | list[str]) -> bool:
-    """By argv[0]'s basename; comm is cut at 15 characters ("nvidia-persiste"),
-    so it only decides for names that fit it or when there is no argv."""
-    for name in names:
-        if info.exe_name == name:
-            return True
-        if info.comm == name:
-            return True
-        if len(name) > 15 and info.comm == name[:15] and info.cmdline.startswith("["):
-            return True
-    return False
+    """By the root-owned executable's basename only (see root_exe_name):
+    argv[0] and comm are set by the process itself, so an unprivileged hog
+    calling itself nvidia-persistenced must not be spared."""
+    return info.root_exe is not None and info.root_exe in names
 
 
 def ancestors(pid: int) -> set[int]:

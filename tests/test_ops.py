@@ -65,7 +65,7 @@ def test_dry_run_predicts_exactly_what_drain_does(fake_gpus: FakeGpus, holders) 
     fence = Path(env["INFER_UNITS_RUN_DIR"]) / "drain.fence"
     a = holders([fake_gpus.devices[0]])
     b = holders([fake_gpus.devices[3]], mode="ignore-term")
-    keep = holders([fake_gpus.devices[1]], argv0="nv-hostengine")
+    keep = holders([fake_gpus.devices[1]], exe="nv-hostengine")
     dry = run_cli("drain", "--dry-run", "--json", "--term-grace", "0.3s", "--timeout", "5s",
                   env=env)
     assert dry.returncode == 0, dry.stderr

@@ -69,16 +69,23 @@ def build_deb(src: Path, env: dict[str, str] | None = None) -> Path:
     return Path(done.stdout.strip().splitlines()[-1])
 
 
+def release_tree(tmp_path_factory: pytest.TempPathFactory, name: str, commit: str) -> Path:
+    """The source tree of an earlier commit (git archive); skips when this
+    clone does not have it."""
+    src = tmp_path_factory.mktemp(name) / "src"
+    src.mkdir()
+    archive = subprocess.run(["git", "-C", str(ROOT), "archive", commit],
+                             capture_output=True, timeout=60)
+    if archive.returncode != 0:
+        pytest.skip(f"commit {commit} not in this clone")
+    subprocess.run(["tar", "-C", str(src), "-xf", "-"], input=archive.stdout, check=True)
+    return src
+
+
 @pytest.fixture(scope="session")
 def first_release_deb(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """0.1.0 from git, built by today's build-deb (0.1.0's own needed build-essential)."""
-    src = tmp_path_factory.mktemp("first-release") / "src"
-    src.mkdir()
-    archive = subprocess.run(["git", "-C", str(ROOT), "archive", FIRST_RELEASE],
-                             capture_output=True, timeout=60)
-    if archive.returncode != 0:
-        pytest.skip(f"commit {FIRST_RELEASE} (0.1.0) not in this clone")
-    subprocess.run(["tar", "-C", str(src), "-xf", "-"], input=archive.stdout, check=True)
+    src = release_tree(tmp_path_factory, "first-release", FIRST_RELEASE)
     shutil.copy(ROOT / "packaging/build-deb", src / "packaging/build-deb")
     deb = build_deb(src)
     assert deb.name == "infer-units_0.1.0_all.deb"
@@ -130,13 +137,7 @@ def test_upgrade_from_0_1_0_starts_and_stops_nothing(box, first_release_deb: Pat
 
 @pytest.fixture(scope="session")
 def companions_release_deb(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    src = tmp_path_factory.mktemp("companions-release") / "src"
-    src.mkdir()
-    archive = subprocess.run(["git", "-C", str(ROOT), "archive", COMPANIONS_RELEASE],
-                             capture_output=True, timeout=60)
-    if archive.returncode != 0:
-        pytest.skip(f"commit {COMPANIONS_RELEASE} not in this clone")
-    subprocess.run(["tar", "-C", str(src), "-xf", "-"], input=archive.stdout, check=True)
+    src = release_tree(tmp_path_factory, "companions-release", COMPANIONS_RELEASE)
     return build_deb(src, env={**os.environ, "INFER_UNITS_DEB_VERSION": "0.2.0~companions1"})
 
 

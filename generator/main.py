@@ -10,11 +10,15 @@ from __future__ import annotations
 import os
 import sys
 
-from .build import as_config_error, load_all, render_checked
-from .errors import ConfigError
-from .log import GeneratorLog
+from . import cache
 from .paths import DEB_CLI, HOOK_CLI
-from .render import RenderedUnit
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
+
+    from .cache import CachedUnit
+    from .render import RenderedUnit
 
 
 def _discard(tmp: str) -> None:
@@ -57,7 +61,7 @@ def write_file(path: str, text: str) -> None:
     _replace(tmp, path)
 
 
-def write_unit(out_dir: str, unit: RenderedUnit) -> None:
+def write_unit(out_dir: str, unit: RenderedUnit | CachedUnit) -> None:
     """The unit, in its directory (a drop-in: NAME.service.d/), and its links."""
     parent = os.path.dirname(unit.name)
     if parent:
@@ -88,8 +92,31 @@ def main(argv: list[str] | None = None) -> int:
         # Only a person gets this wrong (systemd passes three): tell the terminal.
         print("usage: infer-units-generator normal-dir [early-dir late-dir]", file=sys.stderr)
         return 1
-    log = GeneratorLog()
     out_dir = argv[0]
+    path = cache.cache_path()
+    key = cache.run_key(HOOK_CLI) if path else None
+    if path is not None and key is not None:
+        units = cache.lookup(path, key)
+        if units is not None:
+            try:
+                for unit in units:
+                    write_unit(out_dir, unit)
+                return 0
+            except Exception:       # noqa: BLE001 - the full run below says what is wrong
+                pass
+    return _generate(out_dir, path, key)
+
+
+def _generate(out_dir: str, path: str | None, key: tuple[Any, ...] | None) -> int:
+    """The full run: load, validate and render every model (and, with a
+    cache path, keep what it read and wrote for the next run)."""
+    from . import loader
+    from .build import as_config_error, load_all, render_checked
+    from .errors import ConfigError
+    from .log import LEVELS, GeneratorLog
+    log = GeneratorLog()
+    loader.RECORD = [] if path is not None else None
+    written: list[RenderedUnit] = []
     try:
         loaded = load_all()
     except Exception as e:      # noqa: BLE001 - a bug of ours: one line, not a traceback
@@ -108,6 +135,7 @@ def main(argv: list[str] | None = None) -> int:
         try:
             for unit in units:
                 write_unit(out_dir, unit)
+                written.append(unit)
             log.debug(f"{model.main_path}: wrote {model.unit_name}")
         except Exception as e:      # noqa: BLE001
             reason = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
@@ -119,11 +147,16 @@ def main(argv: list[str] | None = None) -> int:
         try:
             for unit in shipped_units():
                 write_unit(out_dir, unit)
+                written.append(unit)
         except Exception as e:      # noqa: BLE001
             log.error(f"cannot write the liveness template units: {e} (models have no liveness)")
     log.finish(out_dir)
+    record, loader.RECORD = loader.RECORD, None
+    if path is not None and key is not None and record is not None and log.errors == 0 \
+            and log.max_level < LEVELS["debug"]:
+        # A run that logged nothing: the next one may replay it (cache.py).
+        cache.store(path, key, record, written)
     return 0
-
 
 if __name__ == "__main__":
     sys.exit(main())

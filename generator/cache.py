@@ -10,7 +10,7 @@ What makes it correct: a run's output is a function of what it read.  The
 loader records every read it makes of the host (generator/loader.py RECORD:
 the directory listings, file contents, masks and unit-path look-ups, with
 their answers); everything else the run depends on is in the key: the whole
-environment, argv, the host name, the interpreter, the CLI path units call,
+environment (but SYSTEMD_EXEC_PID: our own pid), argv, the host name, the interpreter, the CLI path units call,
 and the identity (inode, size, mtime, ctime) of every file of the package's
 code.  A hit asks the same questions again and requires the same answers,
 byte for byte (no hash: nothing can collide).  Only runs that logged nothing
@@ -76,9 +76,15 @@ def code_identity() -> tuple[tuple[str, int, int, int, int], ...]:
     return tuple(out)
 
 
+# Set anew for every process systemd starts (the generator's own pid on
+# systemd 257), read by nothing here: keyed, no run would ever be replayed.
+_PER_PROCESS_ENV = frozenset({"SYSTEMD_EXEC_PID"})
+
+
 def run_key(hook_cli: str) -> tuple[Any, ...]:
-    return (FORMAT, sys.version, tuple(sys.argv), tuple(sorted(os.environ.items())),
-            os.uname().nodename, hook_cli, code_identity())
+    env = tuple(sorted(item for item in os.environ.items() if item[0] not in _PER_PROCESS_ENV))
+    return (FORMAT, sys.version, tuple(sys.argv), env, os.uname().nodename, hook_cli,
+            code_identity())
 
 
 def _trusted_fd(path: str) -> int | None:

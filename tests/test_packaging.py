@@ -97,6 +97,7 @@ def venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def _clean_env(**extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "PIP_", "VIRTUAL_ENV"))}
+    env["INFER_UNITS_GENERATOR_CACHE"] = ""      # not the host's /run (generator/cache.py)
     env.update(extra)
     return env
 

@@ -138,16 +138,17 @@ def _older_than_process(key: tuple[Any, ...]) -> bool:
     """Every code file last changed before this process started: the code it
     imported is the code the key names (a file replaced between our import
     and code_identity() would otherwise be keyed as the code that ran)."""
+    import time
     try:
         with open("/proc/self/stat", "rb") as f:
             start_ticks = int(f.read().rsplit(b")", 1)[1].split()[19])
-        with open("/proc/stat", "rb") as f:
-            boot = next(int(line.split()[1]) for line in f if line.startswith(b"btime "))
-    except (OSError, ValueError, IndexError, StopIteration):
+    except (OSError, ValueError, IndexError):
         return False
+    # The boot's moment on the clock file times use, to the microsecond.
+    boot = time.clock_gettime(time.CLOCK_REALTIME) - time.clock_gettime(time.CLOCK_BOOTTIME)
     started_ns = (boot + start_ticks / os.sysconf("SC_CLK_TCK")) * 1e9
-    # btime is whole seconds, start ticks 10 ms: a margin of 2 s.
-    return all(ctime < started_ns - 2e9 for *_, ctime in key[-1])
+    # Start ticks are 10 ms, file times the kernel's coarse clock: 100 ms of margin.
+    return all(ctime < started_ns - 1e8 for *_, ctime in key[-1])
 
 
 def store(path: str, key: tuple[Any, ...], record: list[tuple[str, str, Any]],

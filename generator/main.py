@@ -94,7 +94,10 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     out_dir = argv[0]
     path = cache.cache_path()
-    key = cache.run_key(HOOK_CLI) if path else None
+    try:
+        key = cache.run_key(HOOK_CLI) if path else None
+    except OSError:             # the code's files not where they should be: no cache
+        path = key = None
     if path is not None and key is not None:
         units = cache.lookup(path, key)
         if units is not None:

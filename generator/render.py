@@ -176,11 +176,10 @@ def _ignore_args(m: Model) -> list[str]:
 
 def _exec_start_pre(m: Model) -> list[str]:
     """One privileged process for every start check (each process start costs
-    ~50 ms of the restart; see bench/restart_bench.py)."""
+    ~50 ms of the restart; see bench/restart_bench.py).  Every model has
+    one, with neither gpus nor port too: the drain fence is its first check."""
     argv = ["pre-start", "--unit", m.unit_name]
     selector = m.gpu_selector()
-    if selector is None and m.port is None:
-        return []       # nothing to clean or wait for
     pci = m.gpus_by_pci
     p2p = m.nccl_p2p == "auto" and selector is not None
     if selector is not None:

@@ -192,3 +192,25 @@ def test_a_model_with_neither_gpus_nor_port_is_fenced(tmp_path: Path) -> None:
                       env=base_env(INFER_UNITS_RUN_DIR=str(fence)))
     assert refused.returncode == 2
     assert "start of bare.service refused: GPUs drained" in refused.stderr
+
+
+@pytest.mark.parametrize("state, job, left_after_fence, expected", [
+    ("active", "", False, (True, True)),
+    ("reloading", "", False, (True, True)),
+    ("activating", "start", False, (True, True)),          # loading
+    ("activating", "", False, (True, True)),               # auto-restart: Restart= pending
+    ("deactivating", "restart", False, (True, True)),      # the stop half of a restart
+    ("deactivating", "", False, (True, True)),             # exited, Restart= not decided yet
+    ("deactivating", "stop", False, (True, False)),        # an operator's stop
+    ("deactivating", "stop", True, (True, True)),          # ... of a unit up when drain began
+    ("inactive", "start", False, (True, True)),            # a queued start: cancelled, resumed
+    ("inactive", "", False, (False, False)),
+    ("failed", "", False, (False, False)),
+    ("failed", "", True, (False, True)),                   # a restart the fence refused
+])
+def test_drain_plans_every_unit_state(state: str, job: str, left_after_fence: bool,
+                                      expected: tuple[bool, bool]) -> None:
+    """(stop it, resume it); main c93ae87 stopped only active, activating and
+    reloading units, and recorded nothing else."""
+    from infer_units.helpers.act.drain import plan
+    assert plan(state, job, left_after_fence) == expected

@@ -43,17 +43,32 @@ def unit_cgroup(unit: str) -> str | None:
     """The cgroup path of the system service `unit` (see the module's
     docstring); None when systemd says it has none (no process is in it)."""
     if unit not in _cgroups:
-        cgroup: str | None = None
-        if not _systemd_unreachable[0]:
+        cgroup: str | None = _own_cgroup_if(unit)
+        if cgroup is None and not _systemd_unreachable[0]:
             from ..facts.systemd import SystemdUnavailable, control_group
             try:
                 cgroup = control_group(unit) or None
             except SystemdUnavailable:
                 _systemd_unreachable[0] = True
-        if _systemd_unreachable[0]:
+        if cgroup is None and _systemd_unreachable[0]:
             cgroup = f"{SYSTEM_SLICE}/{unit}"
         _cgroups[unit] = cgroup
     return _cgroups[unit]
+
+
+def _own_cgroup_if(unit: str) -> str | None:
+    """Our own cgroup when we are root and run as that unit's hook
+    (ExecStartPre=, ExecStopPost= share the unit's cgroup): the kernel says
+    so, and saves a D-Bus round trip on every start and stop.  A root
+    process is in a cgroup only root (or systemd for root) put it or its
+    parent in; never trusted under a user manager."""
+    if os.geteuid() != 0:
+        return None
+    from ..facts.procinfo import read_cgroup, unit_of_cgroup
+    own = read_cgroup(os.getpid())
+    if unit_of_cgroup(own) != unit or any(p.startswith("user@") for p in own.split("/")):
+        return None
+    return own
 
 
 def within(cgroup: str, top: str) -> bool:

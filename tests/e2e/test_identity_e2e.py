@@ -34,7 +34,11 @@ def _user_manager(box) -> int:
     """A local user, `hog`, with a running user manager (as after a login)."""
     box.sh("id hog >/dev/null 2>&1 || useradd -m hog")
     uid = int(box.sh("id -u hog").stdout)
-    box.sh(f"loginctl enable-linger hog; systemctl start user@{uid}.service")
+    # The slim image has no pam_systemd (which would set XDG_RUNTIME_DIR at a
+    # login): say it to the user manager directly.
+    box.write("/etc/systemd/system/user@.service.d/10-runtime-dir.conf",
+              "[Service]\nEnvironment=XDG_RUNTIME_DIR=/run/user/%i\n")
+    box.sh(f"systemctl daemon-reload && systemctl start user@{uid}.service")
     assert wait_until(lambda: box.sh(f"test -S /run/user/{uid}/systemd/private",
                                      check=False).returncode == 0, timeout=60)
     return uid
@@ -140,7 +144,8 @@ def test_a_model_with_neither_gpus_nor_port_does_not_start_while_fenced(box) -> 
     add_model(box, "id-bare", 'engine = "command"\ncommand = ["/bin/sleep", "infinity"]\n'
                               '[service]\nRestartSec = "1s"\n')
     box.sh("systemctl daemon-reload")
-    box.write(FENCE, '{"stopped": []}\n')
+    # /run is the container's own tmpfs: written from inside
+    box.sh(f"mkdir -p /run/infer-units && echo '{{\"stopped\": []}}' > {FENCE}")
     try:
         assert box.sh("systemctl start id-bare", check=False).returncode != 0
         assert _state(box, "id-bare.service") in ("failed", "inactive")

@@ -148,7 +148,8 @@ def test_a_model_with_neither_gpus_nor_port_does_not_start_while_fenced(box) -> 
     box.sh(f"mkdir -p /run/infer-units && echo '{{\"stopped\": []}}' > {FENCE}")
     try:
         assert box.sh("systemctl start id-bare", check=False).returncode != 0
-        assert _state(box, "id-bare.service") in ("failed", "inactive")
+        assert wait_until(lambda: _state(box, "id-bare.service") in ("failed", "inactive"),
+                          timeout=30)
         assert "start of id-bare.service refused: GPUs drained" in box.journal("id-bare.service")
         box.sh("infer-units resume")
         box.sh("systemctl reset-failed id-bare; systemctl start id-bare")
@@ -173,11 +174,11 @@ def test_a_foreign_restart_always_unit_is_stopped_through_systemd(box) -> None:
                                          check=False).returncode == 0, timeout=30)
         start = box.sh("systemctl start id-g", check=False)
         assert start.returncode == 0, box.journal("id-g.service")[-3000:]
+        props = show(box, "id-hogd.service", "ActiveState", "Job")   # not coming back
+        assert props["ActiveState"] == "inactive" and not props.get("Job"), props
         journal = box.journal("id-g.service")
         assert f"stopping id-hogd.service through systemd for pid {hog}" in journal, \
             journal[-3000:]
-        props = show(box, "id-hogd.service", "ActiveState", "Job")
-        assert props["ActiveState"] == "inactive" and not props.get("Job"), props
         users = box.sh(f"INFER_UNITS_FAKE_GPUS={FAKE_TABLE} infer-units holders --json "
                        "--gpus 2").stdout
         assert {h["unit"] for h in json.loads(users)["holders"]} == {"id-g.service"}, users

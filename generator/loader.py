@@ -14,13 +14,14 @@ import stat
 
 from . import fasttoml
 from .errors import ConfigError
+from .paths import RUN_DIR
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 
 DEFAULT_SEARCH_PATH = (
-    "/run/infer-units",
+    RUN_DIR,
     "/etc/infer-units",
     "/usr/local/lib/infer-units",
     "/usr/lib/infer-units",

@@ -2,7 +2,7 @@
 through a unique temporary name, renamed into place.
 
 Root hooks write where other accounts may have been first (a metrics
-directory the exporter's user owns, /run/infer-units after a bad umask), so
+directory the exporter's user owns, our RUN_DIR after a bad umask), so
 every write here:
 
   - opens the directory by walking the path from / one component at a time

@@ -1,4 +1,4 @@
-"""/run/infer-units/<name>.env: KEY=value lines that start-up checks write and
+"""RUN_DIR/<name>.env: KEY=value lines that start-up checks write and
 the unit reads through EnvironmentFile= (read again before each Exec line)."""
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ restarts the model through systemd, after `max-restarts` such restarts within
 `restart-window` it stops the model and leaves it failed.
 
 State (consecutive failures, last answers, liveness restarts) lives in
-<dir>/<name>.liveness.json (dir: /run/infer-units, or INFER_UNITS_LIVENESS_DIR),
+<dir>/<name>.liveness.json (dir: RUN_DIR, or INFER_UNITS_LIVENESS_DIR),
 written atomically; `infer-units status` reads it.  A probe that answers 2xx
 costs no D-Bus call: systemd is asked only when a probe fails.
 

@@ -20,6 +20,7 @@ from typing import Any
 
 import click
 
+from ...generator.paths import RUN_DIR
 from .options import complete_model_names, die
 
 OVERRIDE = "override.toml"
@@ -142,7 +143,7 @@ def _edit_dir(dirs: list[str]) -> str:
         if d.rstrip("/") == "/etc/infer-units":
             return d
     for d in dirs:
-        if d.rstrip("/") != "/run/infer-units":
+        if d.rstrip("/") != RUN_DIR:
             return d
     return dirs[0]
 

@@ -6,7 +6,7 @@ same moment neither server holds the GPU yet, so both would pass.  So each
 pre-start, before reaping, takes a claim on its GPUs:
 
   - every GPU has a lock file, RUN_DIR/gpu/<uuid>.lock (RUN_DIR:
-    $INFER_UNITS_RUN_DIR, default /run/infer-units, a tmpfs: claims do not
+    generator/paths.py's run_dir(), a tmpfs: claims do not
     outlive a boot);
   - the hook flocks the files of its GPUs in index order (two hooks never
     wait on each other crosswise), reads the claim each holds, and if another

@@ -4,7 +4,7 @@
 Restart= brings back while the services stop, or one an operator or a timer
 starts during the driver reload, is refused by its own pre-start), and
 records in it the units it stopped; `infer-units resume` removes it and
-starts exactly those again.  RUN_DIR is /run/infer-units (a tmpfs: a reboot,
+starts exactly those again.  RUN_DIR is generator/paths.py's (a tmpfs: a reboot,
 which reloads the driver anyway, lifts the fence), or $INFER_UNITS_RUN_DIR.
 
 pre-start reads it on every start: this module imports only os, json and

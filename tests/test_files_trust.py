@@ -261,3 +261,31 @@ for pid in next_pids():
                    env=base_env(INFER_UNITS_CONFIG_PATH=str(etc)))
     assert target.read_text() == VICTIM_TEXT
     assert done.returncode != 0 and f"refusing {out}" in done.stderr, done.stderr
+
+
+def test_only_links_root_made_are_followed_on_the_way(fake_gpus: FakeGpus, tmp_path: Path,
+                                                      public: Path,
+                                                      attacker: pwd.struct_passwd) -> None:
+    """A root-made link on the way (Debian's /var/run -> /run) is followed; one
+    the attacker made in a sticky world-writable directory (/tmp-like) is not,
+    even when it points at a directory of root's."""
+    real = public / "real"
+    real.mkdir()
+    (public / "by-root").symlink_to(real)
+    sticky = public / "sticky"
+    sticky.mkdir()
+    sticky.chmod(0o1777)
+    made = as_attacker(attacker, "import os, sys; os.symlink(sys.argv[1], sys.argv[2])",
+                       str(real), str(sticky / "by-attacker"))
+    assert made.returncode == 0, made.stderr
+    for via, written in ((public / "by-root", True), (sticky / "by-attacker", False)):
+        for f in real.iterdir():
+            f.unlink()
+        done = run_cli("pre-start", "--unit", "m.service", "--gpus", "0",
+                       env=fake_gpus.env(INFER_UNITS_STATE_DIR=str(tmp_path / "state"),
+                                         INFER_UNITS_METRICS_DIR=str(via)))
+        assert done.returncode == 0, done.stderr
+        assert (real / "infer-units.prom").exists() == written, (via, done.stderr)
+        if not written:
+            assert f"refusing {sticky / 'by-attacker'}: a symlink owned by iu-attacker" \
+                in done.stderr, done.stderr

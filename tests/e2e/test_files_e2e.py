@@ -41,7 +41,7 @@ def attacked(box):
     box.sh(f"id {ACCOUNT} >/dev/null 2>&1 || useradd --system --no-create-home {ACCOUNT}; "
            f"rm -rf {PARENT} && mkdir -p {TEXTFILE_DIR} && chown {ACCOUNT}: {PARENT} && "
            f"chmod 0755 {TEXTFILE_DIR} && printf '{SECRET}' > {VICTIM} && chmod 0600 {VICTIM}")
-    box.write("/root/iu-plant.py", SWAP_AND_PLANT)
+    box.write("/usr/local/share/iu-plant.py", SWAP_AND_PLANT)
     text = model_toml("filesm", [4], 18321, env={"INFER_UNITS_METRICS_DIR": TEXTFILE_DIR})
     text = text.replace('[service]\nRestartSec = "1s"', '[service]\nRestartSec = "1s"\nUMask = "0000"')
     assert 'UMask = "0000"' in text
@@ -50,12 +50,12 @@ def attacked(box):
     box.sh("systemctl daemon-reload && rm -rf /run/infer-units")
     yield
     box.sh("systemctl stop filesm; systemctl reset-failed filesm; rm -f /etc/infer-units/filesm.toml "
-           f"{VICTIM} /root/iu-plant.py; rm -rf {PARENT}; systemctl daemon-reload", check=False)
+           f"{VICTIM} /usr/local/share/iu-plant.py; rm -rf {PARENT}; systemctl daemon-reload", check=False)
 
 
 def test_the_metrics_attack_through_a_real_units_hooks(box, attacked) -> None:
     plant = box.sh(f"setpriv --reuid={ACCOUNT} --regid={ACCOUNT} --clear-groups "
-                   f"python3 /root/iu-plant.py {TEXTFILE_DIR} {VICTIM}", check=False)
+                   f"python3 /usr/local/share/iu-plant.py {TEXTFILE_DIR} {VICTIM}", check=False)
     assert plant.returncode == 0, plant.stderr
     assert box.sh("systemctl start filesm", check=False).returncode == 0, box.journal("filesm")
     assert show(box, "filesm.service", "ActiveState")["ActiveState"] == "active"

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from .support import PYTHON, FakeGpus, base_env, run_cli
+from .support import PYTHON, FakeGpus, base_env, run_cli, run_generator
 
 ATTACKER = "iu-attacker"
 VICTIM_TEXT = "root's secret, 0600\n"
@@ -289,3 +289,28 @@ def test_only_links_root_made_are_followed_on_the_way(fake_gpus: FakeGpus, tmp_p
         if not written:
             assert f"refusing {sticky / 'by-attacker'}: a symlink owned by iu-attacker" \
                 in done.stderr, done.stderr
+
+
+def test_a_model_file_another_account_could_write_is_not_generated(
+        tmp_path: Path, public: Path, attacker: pwd.struct_passwd) -> None:
+    """#6's end: a runtime directory left world-writable (the first directory
+    of the search path) and a local user's model file in it.  Its command
+    would run as root: the generator refuses it, as it refuses a root file
+    anyone may rewrite."""
+    run = public / "run"
+    run.mkdir()
+    run.chmod(0o777)
+    dropped = as_attacker(attacker, "import sys; open(sys.argv[1], 'x').write(sys.argv[2])",
+                          str(run / "evil.toml"),
+                          'engine = "command"\ncommand = ["/bin/sh", "-c", "id"]\n')
+    assert dropped.returncode == 0, dropped.stderr
+    etc = tmp_path / "etc"
+    etc.mkdir()
+    (etc / "loose.toml").write_text('engine = "command"\ncommand = ["/bin/true"]\n')
+    (etc / "loose.toml").chmod(0o666)
+    (etc / "fine.toml").write_text('engine = "command"\ncommand = ["/bin/true"]\n')
+    out = tmp_path / "out"
+    done = run_generator(out, f"{run}:{etc}")
+    assert sorted(p.name for p in out.iterdir()) == ["fine.service"], done.stderr
+    assert f"{run}/evil.toml: not used: owned by uid {attacker.pw_uid}, not root" in done.stderr
+    assert f"{etc}/loose.toml: not used: writable by group or others (mode 0666)" in done.stderr

@@ -16,8 +16,8 @@ from .settings import BUILTIN_IGNORE
 from .systemd_quote import (comment_text, environment_assignment, exec_line, exec_word,
                             path_value, plain_value)
 
-from .paths import HOOK_CLI   # the installed CLI the hooks call (generator/paths.py)
-ENV_FILE_DIR = "/run/infer-units"
+from .paths import HOOK_CLI, RUN_DIR   # the installed CLI the hooks call (generator/paths.py)
+ENV_FILE_DIR = RUN_DIR
 # Headroom in TimeoutStartSec beyond the sum of the hooks' own timeouts.
 START_MARGIN_S = 30.0
 P2P_ALLOWANCE_S = 120.0
@@ -342,6 +342,7 @@ def render(m: Model) -> RenderedUnit:
         "unit_directives": "\n".join(_directives(m.unit_directives)),
         "user": f"User={m.user}" if m.user else "",
         "name": m.name,
+        "run_dir": ENV_FILE_DIR,
         "environment": "\n".join(_environment(m)),
         "exec_start_pre": "\n".join(_exec_start_pre(m)),
         "exec_start": _engine_argv(m),

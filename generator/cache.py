@@ -33,11 +33,13 @@ import os
 import stat
 import sys
 
+from .paths import RUN_DIR
+
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 
-CACHE_PATH = "/run/infer-units/generator.cache"
+CACHE_PATH = os.path.join(RUN_DIR, "generator.cache")
 FORMAT = 1
 
 
@@ -159,28 +161,11 @@ def store(path: str, key: tuple[Any, ...], record: list[tuple[str, str, Any]],
         return
     data = marshal.dumps((key, tuple(record),
                           tuple((u.name, u.text, tuple(u.links)) for u in units)))
-    directory = os.path.dirname(path)
-    tmp = f"{path}.{os.getpid()}.tmp"
+    from .atomicfile import ensure_dir
     try:
-        try:
-            os.mkdir(directory, 0o755)
-        except FileExistsError:
-            pass
-        parent = os.lstat(directory)
-        if not stat.S_ISDIR(parent.st_mode) or parent.st_uid != 0 or parent.st_mode & 0o022:
-            return
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
-                     0o600)
-        try:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view):]
-        finally:
-            os.close(fd)
-        os.rename(tmp, path)
+        # Our directory, root's and 0755 (checked from / if it exists);
+        # the file root's alone (0600), written the one way files are.
+        with ensure_dir(os.path.dirname(path), 0o755) as d:
+            d.write(os.path.basename(path), data, 0o600)
     except OSError:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-
+        pass

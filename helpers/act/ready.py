@@ -13,6 +13,10 @@ from collections.abc import Callable
 
 from ..records import dataclass
 
+# At the hook's start, while the server loads: imported at the first request
+# instead, its ~30 ms (json, ...) came between the port's first accept and
+# the first 2xx, on top of the ready lag (bench/ready_bench.py, strace).
+from .liveness import http_probe
 from .progress import Progress
 
 
@@ -27,7 +31,6 @@ class ReadyResult:
 
 def probe(url: str, timeout: float) -> tuple[bool, str]:
     """One health request: (2xx, what it answered).  The same probe liveness uses."""
-    from .liveness import http_probe
     answer = http_probe(url, timeout)
     return answer.ok, answer.text
 

@@ -127,6 +127,10 @@ def wait_ready(url: str, pid: int | None, timeout: float, interval: float,
     previous = signal.signal(signal.SIGTERM, on_term)
     stopped = False
     try:
+        # The unit starts this hook with SIGTERM blocked (render(): env
+        # --block-signal): a stop that came before the handler was in place is
+        # pending and raises StopRequested here, inside the try.
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
         poller = select.poll()
         if pidfd is not None:
             poller.register(pidfd, select.POLLIN)

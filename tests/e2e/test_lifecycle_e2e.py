@@ -192,9 +192,10 @@ def test_servers_get_a_file_descriptor_limit(box) -> None:
     box.sh(f"systemctl stop {name}")
 
 
-def liveness_model(box, name: str, port: int, **env: str) -> None:
+def liveness_model(box, name: str, port: int, args: tuple[str, ...] = (), **env: str) -> None:
     add_model(box, name, engine_toml(name, "vllm", GPU, port, env={"FAKE_LOAD_S": "0.3", **env},
-                                     extra='[liveness]\ninterval = "1s"\nfailures = 2\n'
+                                     extra=f"args = {json.dumps(list(args))}\n"
+                                           '[liveness]\ninterval = "1s"\nfailures = 2\n'
                                            'timeout = "2s"'))
 
 
@@ -217,7 +218,9 @@ def test_generation_probe_restarts_a_wedged_engine_whose_health_says_200(box) ->
 
 def test_generation_probe_spares_a_slow_but_working_server(box) -> None:
     name = "lc-slow"
-    liveness_model(box, name, 18309, FAKE_GENERATE_S="1.2")   # under the 2 s timeout
+    # Under the 2 s timeout; served under another name, as real vLLM answers
+    # 404 for a name it does not serve: the probe must ask for this one.
+    liveness_model(box, name, 18309, ("--served-model-name", "slow-alias"), FAKE_GENERATE_S="1.2")
     box.sh(f"systemctl daemon-reload && systemctl start {name}")
     pid = state(box, name)["MainPID"]
     seen: dict[float, dict] = {}

@@ -10,11 +10,14 @@ was asked for and is 0 on every asked-for one (`systemctl start/restart`,
 liveness' try-restart, `infer-units resume`; systemd flushes it when a unit
 stops without being restarted automatically).  Such a start resets the
 counter (`systemctl reset-failed`, which also clears start-limit-hit), so a
-crash loop is still capped by systemd at the fifth automatic restart within
-a minute of the last asked-for start.
+crash loop is still capped by systemd: five automatic restarts within a
+minute of the last asked-for start pass, the sixth is refused.
 
-systemctl, not pystemd: its import alone costs more than both calls, and
-this runs on every start.  Outside a unit (no INVOCATION_ID) it does nothing.
+systemctl, not pystemd: pystemd's import alone (240-380 ms measured under
+load) costs more than both calls (~31 ms together at a load average of 50,
+measured in a bookworm container), and this runs on every start.  Outside
+the unit's own cgroup, or not run by systemd (no INVOCATION_ID), it does
+nothing.
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ suite).  Each suite's container installs the .deb with apt and the engines' OS
 packages; the model files are written as an operator writes them.
 
 Cost on this 2-core machine with warm caches: a vLLM start is ~40 s idle, a
-few minutes under load, about seven of them a suite.  Cold caches: the first
+few minutes under load, about nine of them a suite.  Cold caches: the first
 test builds them (~20 min).  INFER_UNITS_REAL_ENGINES=0 skips the file.
 """
 

@@ -26,6 +26,7 @@ is render.py's.  This module imports neither.
 from __future__ import annotations
 
 from .errors import ConfigError
+from .paths import RUN_DIR
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -38,7 +39,7 @@ MIN_INTERVAL_S = 1.0     # a probe is a process start: more often is only noise
 # the interpreter's start.
 PROBE_MARGIN_S = 30.0
 # Where the probe keeps its state and the cap marker (tmpfs: a reboot forgets).
-STATE_DIR = "/run/infer-units"
+STATE_DIR = RUN_DIR
 DROPIN = "50-liveness.conf"   # of the timer or the probe, when the template's values do not fit
 
 

@@ -14,13 +14,14 @@ import stat
 
 from . import fasttoml
 from .errors import ConfigError
+from .paths import RUN_DIR
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 
 DEFAULT_SEARCH_PATH = (
-    "/run/infer-units",
+    RUN_DIR,
     "/etc/infer-units",
     "/usr/local/lib/infer-units",
     "/usr/lib/infer-units",
@@ -142,6 +143,13 @@ def _read_bytes(path: str) -> bytes:
                     "a FIFO" if stat.S_ISFIFO(st.st_mode) else
                     "a socket" if stat.S_ISSOCK(st.st_mode) else "a device")
             raise ConfigError(path, None, f"not a regular file ({kind})")
+        if (st.st_uid not in (0, os.geteuid())) or st.st_mode & 0o022:
+            # Its command would run as root (or its user): only a file no one
+            # but root can change is a model file (README "Trust model").
+            who = (f"owned by uid {st.st_uid}, not root" if st.st_uid not in (0, os.geteuid())
+                   else f"writable by group or others (mode {stat.S_IMODE(st.st_mode):04o})")
+            raise ConfigError(path, None, f"not used: {who}; a model file must be "
+                              "writable by root only (chown root:, chmod go-w)")
         if st.st_size > MAX_FILE_BYTES:
             raise ConfigError(path, None, f"too large ({st.st_size} bytes; "
                               f"a model file may have {MAX_FILE_BYTES})")

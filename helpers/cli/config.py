@@ -20,6 +20,7 @@ from typing import Any
 
 import click
 
+from ...generator.paths import RUN_DIR
 from .options import complete_model_names, die
 
 OVERRIDE = "override.toml"
@@ -142,7 +143,7 @@ def _edit_dir(dirs: list[str]) -> str:
         if d.rstrip("/") == "/etc/infer-units":
             return d
     for d in dirs:
-        if d.rstrip("/") != "/run/infer-units":
+        if d.rstrip("/") != RUN_DIR:
             return d
     return dirs[0]
 
@@ -243,12 +244,11 @@ def edit_command(name: str, no_reload: bool) -> None:
             for error in errors:
                 click.echo(f"error: {error}", err=True)
             die(f"{target} not written: the model would not load")
-        os.makedirs(os.path.dirname(target), exist_ok=True)
-        fd, staged = tempfile.mkstemp(prefix=".#override-", dir=os.path.dirname(target))
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(content.rstrip("\n") + "\n")
-        os.chmod(staged, 0o644)
-        os.replace(staged, target)      # atomic: the generator never sees half a file
+        from ...generator.atomicfile import write_file
+        try:    # atomic (the generator never sees half a file), on disk: durable
+            write_file(target, content.rstrip("\n") + "\n", durable=True, dir_mode=0o755)
+        except OSError as e:
+            die(f"{target} not written: {e.strerror or e}")
         click.echo(f"infer-units: wrote {target}", err=True)
     if not no_reload:
         _reload()

@@ -39,25 +39,18 @@ def _systemctl() -> str | None:
     return None
 
 
-def _inside(unit: str, path: str = "/proc/self/cgroup") -> bool:
-    """Does this process run in `unit`'s cgroup (v2, or v1's name=systemd)?
-    A pre-start run by hand or by a test under some other unit leaves that
-    unit's counter alone."""
-    try:
-        with open(path, encoding="utf-8", errors="replace") as f:
-            return any(line.rstrip("\n").endswith("/" + unit) for line in f)
-    except OSError:
-        return False
-
-
 def forgive_asked_start(unit: str, say: Callable[[str, int], None],
                         environ: dict[str, str] | None = None) -> bool:
     """Reset the start-limit counter when this start is not an automatic
     restart; True when it did.  Never fails the start: a systemctl that
     cannot answer leaves systemd's counting as it is, with a journal line."""
     env = os.environ if environ is None else environ
-    if not env.get("INVOCATION_ID") or not _inside(unit):
-        return False                    # not this unit's own hook, run by systemd
+    # Only as that unit's own hook, run by systemd (its cgroup, as root; the
+    # one such check, decide/identity.py's): a pre-start run by hand or by a
+    # test under some other unit leaves that unit's counter alone.
+    from ..decide.identity import _own_cgroup_if
+    if not env.get("INVOCATION_ID") or _own_cgroup_if(unit) is None:
+        return False
     systemctl = _systemctl()
     if systemctl is None:
         return False

@@ -314,8 +314,6 @@ def _cross_check(v: dict[str, Any], merged: MergedConfig) -> None:
                   "uuid" if isinstance(g, str) else "index") for g in gpus}
         if len(kinds) > 1:
             fail("gpus", "mixes indexes, UUIDs and PCI bus ids; use one kind")
-    if v["ready.url"] is not None and not v["ready.url"].startswith(("http://", "https://")):
-        fail("ready.url", "must start with http:// or https://")
     for key, instead in (("TimeoutStopSec", "[stop] timeout"),
                          ("TimeoutStartSec", "[ready] timeout")):
         if key in v["service"]:

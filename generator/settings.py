@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from .durations import parse_duration
 from .nodes import check_addr, check_hosts, check_rank
+from .urls import check_host as urls_check_host
+from .urls import parse_url
 
 # typing and dataclasses cost more than the generator's whole budget to import
 # (bench/generator_bench.py): names for the type checker only.
@@ -132,10 +134,14 @@ def check_word(value: Any) -> str:
 
 
 def check_url(value: Any) -> str:
-    value = check_word(value)
-    if not value.startswith(("http://", "https://")):
-        raise ValueError("must start with http:// or https://")
+    """A health URL, read as every hook reads it (urls.py)."""
+    parse_url(check_str(value))
     return value
+
+
+def check_host(value: Any) -> str:
+    """The address the server binds: a name or an IP address, no port (urls.py)."""
+    return urls_check_host(check_str(value))
 
 
 def check_program(value: Any) -> str:
@@ -478,7 +484,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("gpus", check_gpus, None,
             'GPUs: indexes (PCI-bus order, as nvidia-smi), "GPU-<uuid>", PCI bus ids, or "all".'),
     Setting("port", check_port, None, "TCP port the server listens on."),
-    Setting("host", check_word, "127.0.0.1", "Address the server binds."),
+    Setting("host", check_host, "127.0.0.1", "Address the server binds."),
     Setting("tensor-parallel", check_positive_int, None,
             "Tensor-parallel size; default: the number of GPUs."),
     Setting("args", check_str_list, [], "Extra argv for the server, passed verbatim."),
@@ -520,7 +526,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("nodes.rank", check_rank, None,
             "This host's rank; default: its name's position in hosts (set it in a host-local "
             "drop-in)."),
-    Setting("nodes.head-url", check_nonempty_str, None,
+    Setting("nodes.head-url", check_url, None,
             "Where the other hosts probe the group's health; default: http://<addr host>:<port>"
             "<health path>."),
     Setting("unit", lambda v: check_section(v, "unit"), {}, "Raw [Unit] directives."),

@@ -16,7 +16,7 @@ if TYPE_CHECKING:
 from ...generator import settings
 from .. import exitcodes
 from ..argtypes import unit_name
-from .options import DURATION, PORT, UNIT, complete_model_names, die, echo_json
+from .options import DURATION, HOST, PORT, UNIT, complete_model_names, die, echo_json
 from .table import format_table
 
 
@@ -146,7 +146,8 @@ def reap(selector: str, unit: str | None, foreign: str, term_grace: float, timeo
 
 @click.command("wait-port")
 @click.option("--port", type=PORT, required=True, help="TCP port the server will listen on.")
-@click.option("--host", default="127.0.0.1", metavar="ADDR", help="Address the server will bind.")
+@click.option("--host", default="127.0.0.1", type=HOST, metavar="ADDR",
+              help="Address the server will bind.")
 @click.option("--timeout", type=DURATION, default="60s", help="How long to wait; then exit 3.")
 def wait_port(port: int, host: str, timeout: float) -> None:
     """Wait until the port is free; name who holds it if it is not."""

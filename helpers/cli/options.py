@@ -50,6 +50,7 @@ class Checked(click.ParamType):
 
 
 PORT = Checked(argtypes.port)
+HOST = Checked(argtypes.host)
 UNIT = Checked(argtypes.unit)
 
 

@@ -82,13 +82,16 @@ def build_liveness(values: dict[str, Any], merged: MergedConfig,
     if probe == "generate" and values["engine"] == "command":
         fail("liveness.probe", '"generate" needs an engine with an OpenAI-compatible API, '
              'not engine = "command"')
-    longest = max((probe_name(merged.name), timer_name(merged.name),
+    # The longest names of its own: the template units' instances and the
+    # drop-in directories the generator may write for them (NAME.service.d).
+    longest = max((probe_name(merged.name) + ".d", timer_name(merged.name) + ".d",
                    group_watch_name(merged.name)), key=len)
     if len(longest) > UNIT_NAME_MAX:
         fail("liveness.interval", f"the model's name is too long for its liveness units "
              f"({longest[:40]}... would be {len(longest)} characters, "
-             f"systemd allows {UNIT_NAME_MAX}): shorten the name, or turn liveness off "
-             '(interval = "0")')
+             f"file and unit names allow {UNIT_NAME_MAX}; at most "
+             f"{UNIT_NAME_MAX - len(probe_name('')) - 2} with liveness): shorten the name, "
+             'or turn liveness off (interval = "0")')
     return Liveness(interval, values["liveness.failures"], timeout,
                     values["liveness.max-restarts"], values["liveness.restart-window"], probe)
 

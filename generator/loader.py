@@ -30,7 +30,16 @@ DEFAULTS_NAME = "defaults"
 # `systemd-analyze verify` and the helpers' NAME arguments, '\' is for escaped
 # paths, and '@' makes a template: model names keep to these.
 _NAME_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_.-")
-_NAME_MAX = 240        # UNIT_NAME_MAX is 255 with ".service"
+# The longest file named after a model is the generator's temporary
+# ".NAME.service.PID.tmp" (main.py; PID up to 4194304, PID_MAX_LIMIT), and
+# file names are at most 255 bytes (NAME_MAX): 255 - 21 = 234.  The unit
+# itself (UNIT_NAME_MAX 255 with ".service"), /run/infer-units/NAME.env and
+# its temporary, the metrics state NAME.service.json.tmp, and `edit`'s
+# NAME.toml.d/ all fit below that; a model with [liveness] has a lower
+# limit of its own (liveness.py: its template units' drop-in directories).
+FILE_NAME_MAX = 255
+TEMP_SUFFIX_MAX = len(".service.4194304.tmp") + 1       # + the leading "."
+NAME_MAX = FILE_NAME_MAX - TEMP_SUFFIX_MAX
 # Model files are a few hundred bytes; this bounds memory and parse time for
 # a file that is not one (a log, an image, /dev/zero behind a symlink): the
 # worst 1 MiB file takes well under a second to refuse.
@@ -318,8 +327,9 @@ def _name_problem(name: str) -> str | None:
         return "only letters, digits, '_', '.' and '-' are allowed"
     if name[0] in "-.":
         return "must start with a letter, a digit or '_'"
-    if len(name) > _NAME_MAX:
-        return f"longer than {_NAME_MAX} characters"
+    if len(name) > NAME_MAX:
+        return (f"{len(name)} characters, more than {NAME_MAX}: the files named after it "
+                f"(the unit, its temporary files) must fit in {FILE_NAME_MAX}-byte file names")
     return None
 
 

@@ -148,6 +148,13 @@ def check_program(value: Any) -> str:
     """The first word of an Exec line: an absolute, normalized path, or a bare
     name systemd looks up in its PATH (what `systemd-analyze verify` accepts)."""
     value = no_control(check_nonempty_str(value))
+    for ch in value:
+        if ch != " " and (ch.isspace() or not ch.isprintable()):
+            # systemd's string_is_safe() refuses every control character (a tab
+            # too: "Executable name contains special characters"), and other
+            # whitespace in a program's name is a typo nobody can see.
+            raise ValueError(f"{show(value)} contains {ch!r}, which systemd refuses in the "
+                             "name of the program it runs")
     if "$" in value:
         # systemd expands $VAR in argv[0] but not in the path it executes:
         # no quoting makes both right ("$$" is "$" in one, "$$" in the other).

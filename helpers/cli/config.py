@@ -20,7 +20,7 @@ from typing import Any
 
 import click
 
-from .options import complete_model_names, die
+from .options import complete_model_names, die, echo_json
 
 OVERRIDE = "override.toml"
 # Like systemctl edit: what is above the first marker is the drop-in; the rest is for reference.
@@ -123,8 +123,7 @@ def cat_command(name: str, as_json: bool) -> None:
                 else:
                     flat[prefix + key] = {"value": value, "file": merged.file_of(prefix + key)}
         walk(merged.data, "")
-        click.echo(json.dumps({"name": merged.name, "files": merged.sources, "keys": flat},
-                              indent=2, ensure_ascii=False, default=str))
+        echo_json({"name": merged.name, "files": merged.sources, "keys": flat})
     else:
         click.echo(format_merged(merged), nl=False)
     try:

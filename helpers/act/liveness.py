@@ -272,8 +272,8 @@ def config_of_model(name: str) -> tuple[Config, dict[str, str]]:
     live = model.liveness
     if live is None or url is None:
         raise ValueError(f"{path}: liveness is off (no health URL, or [liveness] interval = \"0\")")
-    env = {k: v for k, v in model.env.items()
-           if k.startswith("INFER_UNITS_") and k != "INFER_UNITS_FAKE_GPUS"}
+    from ..hookenv import hook_settings     # the rule the hooks' environment follows
+    env = {k: v for k, v in hook_settings(model.env).items() if k != "INFER_UNITS_FAKE_GPUS"}
     generate = generation_probe(model)     # [liveness] probe = "generate": one token
     post = None
     if generate is not None:

@@ -149,3 +149,38 @@ def test_model_names_complete_in_bash(conf: Path) -> None:
         done = run_cli(env=env(conf) | {"COMP_WORDS": f"infer-units {command} q", "COMP_CWORD": "2",
                                         "_INFER_UNITS_COMPLETE": "bash_complete"})
         assert done.stdout.split() == ["plain,q", "plain,qq"], done.stderr
+
+
+def test_a_refused_edit_keeps_what_was_typed(conf: Path) -> None:
+    """Issue 19 #15: what the operator typed survives a refusal, in a file the
+    error names, and `edit --from` starts from it."""
+    target = conf / "etc/q.toml.d/override.toml"
+    typed = 'gpus = "zero"\n[env]\nMINE = "typed by hand"\n'
+    done = run_cli("edit", "q", "--no-reload", env=env(conf, "prepend", typed), check=1)
+    assert not target.exists()
+    kept = Path(done.stderr.split("what you typed is in ", 1)[1].split()[0])
+    try:
+        assert kept.read_text().startswith(typed)
+        assert "### Lines from here on are ignored" not in kept.read_text()
+        assert kept.stat().st_mode & 0o777 == 0o600
+        assert f"infer-units edit q --from {kept}" in done.stderr
+        # fixed from where it was left: the editor is given the refused text
+        fixed = 'gpus = [0]\n[env]\nMINE = "typed by hand"\n'
+        done = run_cli("edit", "q", "--no-reload", "--from", str(kept),
+                       env=env(conf, "replace", fixed), check=0)
+        assert (conf / "seen.txt").read_text().startswith(typed)
+        assert target.read_text() == fixed and f"wrote {target}" in done.stderr
+        assert not kept.exists()            # in place now
+    finally:
+        kept.unlink(missing_ok=True)
+
+
+def test_edit_opens_a_model_whose_override_is_broken(conf: Path) -> None:
+    target = conf / "etc/q.toml.d/override.toml"
+    target.write_text("port = \n")                     # invalid TOML: the model does not load
+    run_cli("cat", "q", env=env(conf), check=1)
+    done = run_cli("edit", "q", "--no-reload", env=env(conf, "replace", "port = 8001\n"), check=0)
+    assert target.read_text() == "port = 8001\n" and f"wrote {target}" in done.stderr
+    seen = (conf / "seen.txt").read_text()
+    assert seen.startswith("port = \n") and "q does not load now" in seen
+    assert "invalid TOML" in seen

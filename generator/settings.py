@@ -125,14 +125,6 @@ def check_operand(value: Any) -> str:
     return value
 
 
-def check_word(value: Any) -> str:
-    """A host or URL: one word, no control characters, not a flag."""
-    value = check_operand(value)
-    if " " in value or "\t" in value:
-        raise ValueError(f"{show(value)} contains whitespace")
-    return value
-
-
 def check_url(value: Any) -> str:
     """A health URL, read as every hook reads it (urls.py)."""
     parse_url(check_str(value))

@@ -26,6 +26,7 @@ is render.py's.  This module imports neither.
 from __future__ import annotations
 
 from .errors import ConfigError
+from .paths import RUN_DIR
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -38,7 +39,7 @@ MIN_INTERVAL_S = 1.0     # a probe is a process start: more often is only noise
 # the interpreter's start.
 PROBE_MARGIN_S = 30.0
 # Where the probe keeps its state and the cap marker (tmpfs: a reboot forgets).
-STATE_DIR = "/run/infer-units"
+STATE_DIR = RUN_DIR
 DROPIN = "50-liveness.conf"   # of the timer or the probe, when the template's values do not fit
 
 
@@ -82,15 +83,18 @@ def build_liveness(values: dict[str, Any], merged: MergedConfig,
     if probe == "generate" and values["engine"] == "command":
         fail("liveness.probe", '"generate" needs an engine with an OpenAI-compatible API, '
              'not engine = "command"')
-    # The longest names of its own: the template units' instances and the
-    # drop-in directories the generator may write for them (NAME.service.d).
+    # The longest names of its own: the template units' instances, the
+    # drop-in directories the generator may write for them (NAME.service.d),
+    # and the probe's state NAME.liveness.json through its temporary name.
+    from .loader import TEMP_EXTRA
     longest = max((probe_name(merged.name) + ".d", timer_name(merged.name) + ".d",
-                   group_watch_name(merged.name)), key=len)
+                   group_watch_name(merged.name),
+                   "x" * TEMP_EXTRA + merged.name + ".liveness.json"), key=len)
     if len(longest) > UNIT_NAME_MAX:
+        limit = UNIT_NAME_MAX - max(len(probe_name("")) + 2, TEMP_EXTRA + len(".liveness.json"))
         fail("liveness.interval", f"the model's name is too long for its liveness units "
-             f"({longest[:40]}... would be {len(longest)} characters, "
-             f"file and unit names allow {UNIT_NAME_MAX}; at most "
-             f"{UNIT_NAME_MAX - len(probe_name('')) - 2} with liveness): shorten the name, "
+             f"and state (names of up to {len(longest)} characters, file and unit names "
+             f"allow {UNIT_NAME_MAX}; at most {limit} with liveness): shorten the name, "
              'or turn liveness off (interval = "0")')
     return Liveness(interval, values["liveness.failures"], timeout,
                     values["liveness.max-restarts"], values["liveness.restart-window"], probe)

@@ -14,13 +14,14 @@ import stat
 
 from . import fasttoml
 from .errors import ConfigError
+from .paths import RUN_DIR
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 
 DEFAULT_SEARCH_PATH = (
-    "/run/infer-units",
+    RUN_DIR,
     "/etc/infer-units",
     "/usr/local/lib/infer-units",
     "/usr/lib/infer-units",
@@ -30,16 +31,16 @@ DEFAULTS_NAME = "defaults"
 # `systemd-analyze verify` and the helpers' NAME arguments, '\' is for escaped
 # paths, and '@' makes a template: model names keep to these.
 _NAME_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_.-")
-# The longest file named after a model is the generator's temporary
-# ".NAME.service.PID.tmp" (main.py; PID up to 4194304, PID_MAX_LIMIT), and
-# file names are at most 255 bytes (NAME_MAX): 255 - 21 = 234.  The unit
-# itself (UNIT_NAME_MAX 255 with ".service"), /run/infer-units/NAME.env and
-# its temporary, the metrics state NAME.service.json.tmp, and `edit`'s
-# NAME.toml.d/ all fit below that; a model with [liveness] has a lower
-# limit of its own (liveness.py: its template units' drop-in directories).
+# Every file is written through a temporary ".NAME.<12 hex>.tmp" beside it
+# (atomicfile.py), and file names are at most 255 bytes.  The longest file
+# named after every model is the hooks' metrics state NAME.service.json
+# (act/metrics.py), so 255 - 18 - 13 = 224; the unit, NAME.env, `edit`'s
+# NAME.toml.d/ and the generator's temporaries fit below that.  A model with
+# [liveness] has a lower limit of its own (liveness.py).
 FILE_NAME_MAX = 255
-TEMP_SUFFIX_MAX = len(".service.4194304.tmp") + 1       # + the leading "."
-NAME_MAX = FILE_NAME_MAX - TEMP_SUFFIX_MAX
+TEMP_EXTRA = len("." + "." + "0" * 12 + ".tmp")        # atomicfile.py's temporary names
+LONGEST_SUFFIX = len(".service.json")
+NAME_MAX = FILE_NAME_MAX - TEMP_EXTRA - LONGEST_SUFFIX
 # Model files are a few hundred bytes; this bounds memory and parse time for
 # a file that is not one (a log, an image, /dev/zero behind a symlink): the
 # worst 1 MiB file takes well under a second to refuse.
@@ -151,6 +152,13 @@ def _read_bytes(path: str) -> bytes:
                     "a FIFO" if stat.S_ISFIFO(st.st_mode) else
                     "a socket" if stat.S_ISSOCK(st.st_mode) else "a device")
             raise ConfigError(path, None, f"not a regular file ({kind})")
+        if (st.st_uid not in (0, os.geteuid())) or st.st_mode & 0o022:
+            # Its command would run as root (or its user): only a file no one
+            # but root can change is a model file (README "Trust model").
+            who = (f"owned by uid {st.st_uid}, not root" if st.st_uid not in (0, os.geteuid())
+                   else f"writable by group or others (mode {stat.S_IMODE(st.st_mode):04o})")
+            raise ConfigError(path, None, f"not used: {who}; a model file must be "
+                              "writable by root only (chown root:, chmod go-w)")
         if st.st_size > MAX_FILE_BYTES:
             raise ConfigError(path, None, f"too large ({st.st_size} bytes; "
                               f"a model file may have {MAX_FILE_BYTES})")
@@ -329,7 +337,8 @@ def _name_problem(name: str) -> str | None:
         return "must start with a letter, a digit or '_'"
     if len(name) > NAME_MAX:
         return (f"{len(name)} characters, more than {NAME_MAX}: the files named after it "
-                f"(the unit, its temporary files) must fit in {FILE_NAME_MAX}-byte file names")
+                f"(the unit, its state and their temporary files) must fit in "
+                f"{FILE_NAME_MAX}-byte file names")
     return None
 
 

@@ -193,11 +193,8 @@ def write_report_unit(out_dir: str, ident: str, messages: list[tuple[int, str]])
         # journald takes a leading <N> as the line's priority (SyslogLevelPrefix=).
         *(f"ExecStart={exec_line(['/bin/echo', f'<{level}>{message}'])}" for level, message in messages),
     ]
-    with open(os.path.join(out_dir, REPORT_UNIT), "w", encoding="utf-8") as f:
-        f.write("\n".join(lines) + "\n")
-    wants = os.path.join(out_dir, "sysinit.target.wants")
-    os.makedirs(wants, exist_ok=True)
-    link = os.path.join(wants, REPORT_UNIT)
-    if os.path.lexists(link):
-        os.unlink(link)
-    os.symlink(os.path.join("..", REPORT_UNIT), link)
+    from .atomicfile import open_dir
+    with open_dir(out_dir) as out:
+        out.write(REPORT_UNIT, "\n".join(lines) + "\n")
+        with out.sub("sysinit.target.wants") as wants:
+            wants.symlink(REPORT_UNIT, os.path.join("..", REPORT_UNIT))

@@ -10,73 +10,29 @@ from __future__ import annotations
 import os
 import sys
 
-from .build import as_config_error, load_all, render_checked
+from .build import Loaded, as_config_error, load_all, render_checked
 from .errors import ConfigError
 from .log import GeneratorLog
+from .atomicfile import Dir, open_dir
 from .paths import DEB_CLI, HOOK_CLI
 from .render import RenderedUnit
 
 
-def _discard(tmp: str) -> None:
-    try:
-        os.unlink(tmp)
-    except OSError:
-        pass
-
-
-def _replace(tmp: str, path: str) -> None:
-    """rename(), removing the temporary file when that fails."""
-    try:
-        os.rename(tmp, path)
-    except BaseException:
-        _discard(tmp)
-        raise
-
-
-def write_file(path: str, text: str) -> None:
-    """Atomically: a temporary file in the same directory, renamed over the
-    target.  A full disk (ENOSPC, EFBIG, EDQUOT) then leaves the old file or
-    none, never a truncated one, and an empty unit would mean "masked" to
-    systemd.  No fsync: the generator writes to a tmpfs rebuilt at every boot
-    and daemon-reload, and write()/close() report a full tmpfs or ext4."""
-    directory, base = os.path.split(path)
-    # A dot name: systemd ignores it should it ever see one left behind.
-    tmp = os.path.join(directory or ".", f".{base}.{os.getpid()}.tmp")
-    data = text.encode("utf-8")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
-    try:
-        try:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view):]
-        finally:
-            os.close(fd)
-    except BaseException:
-        _discard(tmp)
-        raise
-    _replace(tmp, path)
-
-
-def write_unit(out_dir: str, unit: RenderedUnit) -> None:
-    """The unit, in its directory (a drop-in: NAME.service.d/), and its links."""
-    parent = os.path.dirname(unit.name)
+def write_unit(out: Dir, unit: RenderedUnit) -> None:
+    """The unit, in its directory (a drop-in: NAME.service.d/), and its links.
+    Atomically (atomicfile.py): a full disk (ENOSPC, EFBIG, EDQUOT) leaves the
+    old file or none, never a truncated one (an empty unit would mean "masked"
+    to systemd).  No fsync: the generator writes to a tmpfs rebuilt at every
+    boot and daemon-reload, and write()/close() report a full tmpfs or ext4."""
+    parent, base = os.path.split(unit.name)
     if parent:
-        os.makedirs(os.path.join(out_dir, parent), exist_ok=True)
-    write_file(os.path.join(out_dir, unit.name), unit.text)
+        with out.sub(parent) as d:
+            d.write(base, unit.text)
+    else:
+        out.write(base, unit.text)
     for link_dir in unit.links:
-        full = os.path.join(out_dir, link_dir)
-        if not os.path.isdir(full):
-            os.makedirs(full)
-        link = os.path.join(full, unit.name)
-        target = os.path.join("..", unit.name)
-        try:
-            os.symlink(target, link)        # atomic by itself
-        except FileExistsError:             # an earlier run's (render --output): replace it
-            tmp = os.path.join(full, f".{unit.name}.{os.getpid()}.tmp")
-            if os.path.lexists(tmp):
-                os.unlink(tmp)
-            os.symlink(target, tmp)
-            _replace(tmp, link)
+        with out.sub(link_dir) as d:
+            d.symlink(unit.name, os.path.join("..", unit.name))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -99,6 +55,18 @@ def main(argv: list[str] | None = None) -> int:
         log.error(f"{error} (no unit generated)")
     for conflict in loaded.conflicts:
         log.error(f"{conflict} (both generated; the start hook refuses to take a busy GPU)")
+    try:
+        out = open_dir(out_dir)
+    except OSError as e:
+        log.error(f"{out_dir}: cannot write units there: {e.strerror or e} (no unit generated)")
+        return 1
+    with out:
+        _write_all(log, loaded, out)
+    log.finish(out_dir)
+    return 0
+
+
+def _write_all(log: GeneratorLog, loaded: Loaded, out: Dir) -> None:
     for model in loaded.models:
         try:
             units = render_checked(model)
@@ -107,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
             continue
         try:
             for unit in units:
-                write_unit(out_dir, unit)
+                write_unit(out, unit)
             log.debug(f"{model.main_path}: wrote {model.unit_name}")
         except Exception as e:      # noqa: BLE001
             reason = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
@@ -118,11 +86,9 @@ def main(argv: list[str] | None = None) -> int:
         from .render import shipped_units
         try:
             for unit in shipped_units():
-                write_unit(out_dir, unit)
+                write_unit(out, unit)
         except Exception as e:      # noqa: BLE001
             log.error(f"cannot write the liveness template units: {e} (models have no liveness)")
-    log.finish(out_dir)
-    return 0
 
 
 if __name__ == "__main__":

@@ -16,6 +16,16 @@ import sys
 
 DEB_CLI = "/usr/bin/infer-units"
 CLI_NAME = "infer-units"
+# The runtime directory (a tmpfs: a reboot forgets it), spelled here only:
+# env files, start claims, the drain fence, metrics state, the P2P cache,
+# liveness state, and the first directory of the model search path.
+RUN_DIR = "/run/infer-units"
+
+
+def run_dir() -> str:
+    """RUN_DIR, or $INFER_UNITS_RUN_DIR for the hooks (tests run them beside a
+    real host)."""
+    return os.environ.get("INFER_UNITS_RUN_DIR") or RUN_DIR
 
 
 def installed_cli(argv0: str | None = None, executable: str | None = None) -> str:

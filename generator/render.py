@@ -16,8 +16,8 @@ from .settings import BUILTIN_IGNORE
 from .systemd_quote import (comment_text, environment_assignment, exec_line, exec_word,
                             path_value, plain_value)
 
-from .paths import HOOK_CLI   # the installed CLI the hooks call (generator/paths.py)
-ENV_FILE_DIR = "/run/infer-units"
+from .paths import HOOK_CLI, RUN_DIR   # the installed CLI the hooks call (generator/paths.py)
+ENV_FILE_DIR = RUN_DIR
 # Headroom in TimeoutStartSec beyond the sum of the hooks' own timeouts.
 START_MARGIN_S = 30.0
 P2P_ALLOWANCE_S = 120.0
@@ -176,11 +176,10 @@ def _ignore_args(m: Model) -> list[str]:
 
 def _exec_start_pre(m: Model) -> list[str]:
     """One privileged process for every start check (each process start costs
-    ~50 ms of the restart; see bench/restart_bench.py)."""
+    ~50 ms of the restart; see bench/restart_bench.py).  Every model has
+    one, with neither gpus nor port too: the drain fence is its first check."""
     argv = ["pre-start", "--unit", m.unit_name]
     selector = m.gpu_selector()
-    if selector is None and m.port is None:
-        return []       # nothing to clean or wait for
     pci = m.gpus_by_pci
     p2p = m.nccl_p2p == "auto" and selector is not None
     if selector is not None:
@@ -343,6 +342,7 @@ def render(m: Model) -> RenderedUnit:
         "unit_directives": "\n".join(_directives(m.unit_directives)),
         "user": f"User={m.user}" if m.user else "",
         "name": m.name,
+        "run_dir": ENV_FILE_DIR,
         "environment": "\n".join(_environment(m)),
         "exec_start_pre": "\n".join(_exec_start_pre(m)),
         "exec_start": _engine_argv(m),

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from infer_units.generator.loader import NAME_MAX
+from infer_units.generator.atomicfile import write_file
+from infer_units.generator.loader import NAME_MAX, TEMP_EXTRA
 
 from .support import base_env, run_cli, run_generator
 from .unitfile import values
@@ -29,9 +30,18 @@ def generate_one(tmp_path: Path, name: str, body: str):
     return done, written
 
 
-def test_the_name_limit_is_the_longest_file_named_after_the_model() -> None:
-    # ".NAME.service.PID.tmp" with a 7-digit pid must fit a 255-byte file name
-    assert len(f".{'a' * NAME_MAX}.service.4194304.tmp") == 255
+LIVENESS_MAX = 255 - TEMP_EXTRA - len(".liveness.json")
+
+
+def test_the_limits_are_the_longest_files_written_for_a_model(tmp_path: Path) -> None:
+    """Written for real, through the one file writer (its temporary names
+    included): the hooks' metrics state of the longest name, the liveness
+    state of the longest name with liveness; one more character does not fit."""
+    write_file(str(tmp_path / f"{'m' * NAME_MAX}.service.json"), "{}")
+    write_file(str(tmp_path / f"{'m' * LIVENESS_MAX}.liveness.json"), "{}")
+    with pytest.raises(OSError):
+        write_file(str(tmp_path / f"{'m' * (NAME_MAX + 1)}.service.json"), "{}")
+    assert len(f"infer-units-liveness@{'m' * LIVENESS_MAX}.service.d") <= 255
 
 
 @pytest.mark.parametrize("length", [NAME_MAX - 1, NAME_MAX])
@@ -44,7 +54,7 @@ def test_longest_names_without_liveness_generate_whole(tmp_path: Path, length: i
                        f"multi-user.target.wants/{name}.service"]
 
 
-@pytest.mark.parametrize("length", [NAME_MAX + 1, 238, 240, 250])
+@pytest.mark.parametrize("length", [NAME_MAX + 1, 228, 234, 240, 250])
 def test_longer_names_are_refused_by_name_and_nothing_is_written(tmp_path: Path,
                                                                  length: int) -> None:
     name = "m" * length
@@ -56,9 +66,6 @@ def test_longer_names_are_refused_by_name_and_nothing_is_written(tmp_path: Path,
     assert f"{length} characters, more than {NAME_MAX}" in lines[0], lines
 
 
-LIVENESS_MAX = 255 - len("infer-units-liveness@.service.d")
-
-
 def test_longest_name_with_liveness_writes_every_file(tmp_path: Path) -> None:
     name = "m" * LIVENESS_MAX
     done, written = generate_one(tmp_path, name, COMMAND + LIVENESS)
@@ -67,7 +74,7 @@ def test_longest_name_with_liveness_writes_every_file(tmp_path: Path) -> None:
     assert f"{name}.service" in written
 
 
-@pytest.mark.parametrize("length", [LIVENESS_MAX + 1, 226, 228, 234])
+@pytest.mark.parametrize("length", [LIVENESS_MAX + 1, NAME_MAX])
 def test_a_name_too_long_for_its_liveness_units_is_refused_whole(tmp_path: Path,
                                                                  length: int) -> None:
     """No unit without its liveness drop-ins (a partial write), no false error."""

@@ -24,7 +24,7 @@ TEMPLATES: dict[str, tuple[str, ...]] = {
         'SyslogIdentifier={name}',
         'Environment=CUDA_DEVICE_ORDER=PCI_BUS_ID',
         '{environment}',
-        'EnvironmentFile=-/run/infer-units/{name}.env',
+        'EnvironmentFile=-{run_dir}/{name}.env',
         '{exec_start_pre}',
         'ExecStart={exec_start}',
         '{exec_start_post}',

@@ -17,15 +17,26 @@ from typing import Any
 
 from .. import exitcodes
 from ..decide import fence
-from ..decide.attribution import SERVICE, _service_parent, attribute, is_infer_units_service
+from ..decide.attribution import SERVICE, _service_parent, attribute
+from ..decide.identity import is_infer_units_service, service_of
 from ..facts.gpus import Backend, FdScan, Gpu, GpuError, GpuUse, backend, fd_holders
 from .reaper import ReapPolicy, Reaper
 
 REFCNT = "/sys/module/nvidia/refcnt"
 PROC_MODULES = "/proc/modules"
-# A unit in these states has (or is about to have) processes: drain stops it
-# and resume starts it again.  Inactive and failed ones are left as they are.
-RUNNING = ("active", "activating", "reloading")
+# Every state a unit can be in when drain lists it, and what drain does:
+#   active, reloading                          stop it; resume starts it
+#   activating (start-pre .. start-post)       stop it; resume starts it
+#   activating/auto-restart (Restart= pending) stop it (that cancels the restart); resume
+#   deactivating, the stop half of a restart   stop it (the restart job is replaced); resume
+#     or a server that exited and is cleaned up before Restart= decides: the same
+#   any of those with a stop job pending       an operator's stop: waited for, not resumed
+#   inactive or failed with a start job queued stop it (cancels the job); resume
+#   inactive, failed                           left alone, not resumed
+#   ... unless it left "active" after the fence went up (a restart whose start
+#   half the fence refused before the listing): resumed
+UP = ("active", "activating", "reloading", "deactivating")
+DOWN = ("inactive", "failed")
 SCHEMA_VERSION = 1
 
 
@@ -88,8 +99,35 @@ def _log(message: str) -> None:
 
 
 def _service_of(holder: Any) -> str | None:
-    unit = holder.info.unit
-    return unit if is_infer_units_service(unit) else _service_parent(holder.info)
+    return service_of(holder.info.cgroup) or _service_parent(holder.info)
+
+
+def plan(active_state: str, job_type: str, left_after_fence: bool) -> tuple[bool, bool]:
+    """(stop it, resume it) for one infer-units unit: the table above."""
+    if active_state in DOWN:
+        queued = job_type not in ("", "stop")
+        return queued, queued or left_after_fence
+    if job_type == "stop":
+        return True, left_after_fence
+    return True, True
+
+
+def _plan_units(fenced_since: float) -> tuple[list[str], list[str]]:
+    """(units to stop, units resume starts) from one listing of systemd's units."""
+    from ..facts.systemd import left_active_at_us, list_units_with_jobs
+    stop, record = [], []
+    for u in list_units_with_jobs(["*.service"]):
+        if not is_infer_units_service(u.name):
+            continue
+        # Only a unit that is down or being stopped asks systemd one more question.
+        asks = u.job_type == "stop" or (u.active_state in DOWN and not u.job_type)
+        left = asks and left_active_at_us(u.name) >= fenced_since * 1e6
+        halt, again = plan(u.active_state, u.job_type, left)
+        if halt:
+            stop.append(u.name)
+        if again:
+            record.append(u.name)
+    return stop, record
 
 
 def drain(timeout: float, term_grace: float, ignore: tuple[str, ...],
@@ -97,7 +135,7 @@ def drain(timeout: float, term_grace: float, ignore: tuple[str, ...],
     """(exit code, report).  The report has the same keys with and without
     dry_run: "stop" (units), "signal" (pids), "fence"; a dry run's is the
     prediction of the real run's."""
-    from ..facts.systemd import SystemdUnavailable, list_unit_states, stop_units
+    from ..facts.systemd import SystemdUnavailable, stop_units
     report: dict[str, Any] = {"schema": SCHEMA_VERSION, "dry_run": dry_run,
                               "fence": {"path": fence.path(), "stopped": []},
                               "stop": [], "not_stopped": [], "signal": [],
@@ -107,20 +145,24 @@ def drain(timeout: float, term_grace: float, ignore: tuple[str, ...],
         report["exit"] = code
         return code, report
 
+    import time
+    since = time.time()
     if not dry_run:
         try:
-            fence.write([])     # before listing: see the module's docstring
+            since = fence.write([])["since"]    # before listing: see the module's docstring
         except OSError as e:
             _log(f"cannot fence starts at {fence.path()}: {e.strerror or e}; nothing stopped")
             return done(exitcodes.CONFIG_ERROR)
     try:
-        states = list_unit_states(["*.service"])
-        services = [u for u, s in states.items() if s in RUNNING and is_infer_units_service(u)]
+        services, again = _plan_units(since)
         report["stop"] = services
         if dry_run:
-            report["fence"]["stopped"] = fence.merged(services)
+            report["fence"]["stopped"] = fence.merged(again)
         else:
-            report["fence"]["stopped"] = fence.write(services)["stopped"]
+            report["fence"]["stopped"] = fence.write(again)["stopped"]
+        for unit in again:
+            if unit not in services:
+                _log(f"{unit} left active after the fence went up: resume starts it")
         if services:
             _log(("would stop " if dry_run else "stopping ") + ", ".join(services))
             if not dry_run:

@@ -1,9 +1,9 @@
-"""/run/infer-units/<name>.env: KEY=value lines that start-up checks write and
+"""RUN_DIR/<name>.env: KEY=value lines that start-up checks write and
 the unit reads through EnvironmentFile= (read again before each Exec line)."""
 
 from __future__ import annotations
 
-import os
+from ...generator.atomicfile import UnsafePath, read_text, write_file
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -16,10 +16,7 @@ class EnvFileError(Exception):
 
 def _lines(path: str) -> list[str]:
     try:
-        with open(path, encoding="utf-8") as f:
-            return f.read().splitlines()
-    except FileNotFoundError:
-        return []
+        return (read_text(path) or "").splitlines()
     except (OSError, UnicodeDecodeError) as e:
         reason = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
         raise EnvFileError(f"env file {path}: cannot read: {reason}") from None
@@ -34,18 +31,12 @@ def update_env_file(path: str, values: dict[str, str | None]) -> None:
     for key, value in values.items():
         if value is not None:
             kept.append(f"{key}={value}")
-    tmp = f"{path}.tmp.{os.getpid()}"
     try:
-        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-        with open(tmp, "w", encoding="utf-8") as f:
-            f.write("".join(line + "\n" for line in kept))
-        os.replace(tmp, path)
+        # its directory is ours (RUN_DIR): 0755 whatever the umask
+        write_file(path, "".join(line + "\n" for line in kept), dir_mode=0o755)
     except OSError as e:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise EnvFileError(f"env file {path}: cannot write: {e.strerror or e}") from None
+        why = str(e) if isinstance(e, UnsafePath) else e.strerror or str(e)
+        raise EnvFileError(f"env file {path}: cannot write: {why}") from None
 
 
 def write_visible_devices(path: str, gpus: list[Gpu]) -> None:

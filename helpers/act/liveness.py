@@ -4,7 +4,7 @@ restarts the model through systemd, after `max-restarts` such restarts within
 `restart-window` it stops the model and leaves it failed.
 
 State (consecutive failures, last answers, liveness restarts) lives in
-<dir>/<name>.liveness.json (dir: /run/infer-units, or INFER_UNITS_LIVENESS_DIR),
+<dir>/<name>.liveness.json (dir: RUN_DIR, or INFER_UNITS_LIVENESS_DIR),
 written atomically; `infer-units status` reads it.  A probe that answers 2xx
 costs no D-Bus call: systemd is asked only when a probe fails.
 
@@ -19,6 +19,7 @@ import os
 import sys
 import time
 
+from ...generator.atomicfile import read_text, write_file
 from ...generator.durations import format_seconds
 from ...generator.liveness import cap_marker, state_dir
 from ...generator.log import JOURNAL_SOCKET, journal_send, say
@@ -50,19 +51,14 @@ def state_path(unit: str, directory: str | None = None) -> str:
 
 def load_state(path: str) -> dict[str, Any]:
     try:
-        with open(path, encoding="utf-8") as f:
-            state = json.load(f)
+        state = json.loads(read_text(path) or "{}")
         return state if isinstance(state, dict) else {}
     except (OSError, ValueError):
         return {}
 
 
 def save_state(path: str, state: dict[str, Any]) -> None:
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    tmp = f"{path}.{os.getpid()}.tmp"
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(state, f, indent=1, sort_keys=True)
-    os.replace(tmp, path)
+    write_file(path, json.dumps(state, indent=1, sort_keys=True), dir_mode=0o755)
 
 
 # ------------------------------------------------------------------ the decision
@@ -209,9 +205,7 @@ def run_probe(cfg: Config, systemd: Any, directory: str | None = None,
     elif action == CAP:
         why = why_line(state, cfg)
         assert model is not None
-        os.makedirs(os.path.dirname(marker), exist_ok=True)
-        with open(marker, "w", encoding="ascii") as f:
-            f.write(model.invocation)
+        write_file(marker, model.invocation, dir_mode=0o755)
         failed = systemd.stop(cfg.unit)
         if failed is None:
             journal_line(f"liveness: stopping {cfg.unit} and leaving it failed: {why}; "

@@ -1,9 +1,13 @@
 """Per-unit counters for Prometheus' node_exporter textfile collector.
 
-State lives in $INFER_UNITS_STATE_DIR (default /run/infer-units/state), one
-JSON file per unit.  When INFER_UNITS_METRICS_DIR is set (e.g. in a host-wide
+State lives in $INFER_UNITS_STATE_DIR (default RUN_DIR/state), one JSON file
+per unit.  When INFER_UNITS_METRICS_DIR is set (e.g. in a host-wide
 defaults.toml.d drop-in's [env], or the hook's environment), every update also
-rewrites <dir>/infer-units.prom atomically (write, then rename).
+rewrites <dir>/infer-units.prom atomically (generator/atomicfile.py).  That
+directory is the operator's, not ours: it is never created, and refused (the
+metrics are not written, the hook goes on) when it or a directory above it is
+not root's or is writable by group or others, as Debian's
+/var/lib/prometheus is (owned by prometheus): see README "Trust model".
 """
 
 from __future__ import annotations
@@ -13,11 +17,21 @@ import math
 import os
 import sys
 import time
+
+from ...generator.atomicfile import ensure_dir, open_dir, read_text
+from ...generator.paths import run_dir
+
 TYPE_CHECKING = False     # typing costs a hook's start-up; annotations are strings here
 if TYPE_CHECKING:
     from typing import Any
 
-STATE_DIR = os.environ.get("INFER_UNITS_STATE_DIR", "/run/infer-units/state")
+STATE_DIR = os.environ.get("INFER_UNITS_STATE_DIR") or os.path.join(run_dir(), "state")
+TEXTFILE = "infer-units.prom"
+
+
+def _write_state(name: str, state: dict[str, Any]) -> None:
+    with ensure_dir(STATE_DIR) as d:         # ours: 0755 whatever the umask
+        d.write(name, json.dumps(state))
 
 
 def _state_path(unit: str) -> str:
@@ -29,8 +43,7 @@ def load_state(unit: str) -> dict[str, Any]:
     JSON object, numbers that are not finite): metrics start again rather
     than fail a start, a stop or `status`."""
     try:
-        with open(_state_path(unit), encoding="utf-8") as f:
-            state = json.load(f)
+        state = json.loads(read_text(_state_path(unit)) or "{}")
     except (OSError, ValueError, RecursionError):
         return {}
     if not isinstance(state, dict):
@@ -56,11 +69,7 @@ def _update(unit: str | None, change: dict[str, Any], add: dict[str, float]) -> 
             state[key] = (before if isinstance(before, (int, float)) else 0) + value
         state.update(change)
         state["updated"] = time.time()
-        os.makedirs(STATE_DIR, exist_ok=True)
-        tmp = _state_path(unit) + ".tmp"
-        with open(tmp, "w", encoding="utf-8") as f:
-            json.dump(state, f)
-        os.replace(tmp, _state_path(unit))
+        _write_state(os.path.basename(_state_path(unit)), state)
         write_textfile()
     except (OSError, ValueError) as e:
         # Metrics must never fail a start or a stop; stderr: stdout may be --json.
@@ -111,17 +120,12 @@ def record_gpu_health(report: Any) -> None:
     theirs) and rewrite the textfile.  Never fails the caller."""
     from ..decide.health import SEVERITY
     try:
-        path = os.path.join(STATE_DIR, GPU_HEALTH_FILE)
         state = load_gpu_health()
         for f in report.findings:
             key = f.uuid or "host"
             entry = state.setdefault(key, {"gpu": f.gpu, "checks": {}})
             entry["checks"][f.check] = SEVERITY[f.level]
-        os.makedirs(STATE_DIR, exist_ok=True)
-        tmp = path + ".tmp"
-        with open(tmp, "w", encoding="utf-8") as out:
-            json.dump(state, out)
-        os.replace(tmp, path)
+        _write_state(GPU_HEALTH_FILE, state)
         write_textfile()
     except (OSError, ValueError) as e:
         print(f"infer-units: metrics not written: {e}", file=sys.stderr, flush=True)
@@ -131,8 +135,7 @@ def load_gpu_health() -> dict[str, Any]:
     """uuid (or "host") -> {"gpu": index, "checks": {check: -1|0|1|2}}; {} when
     missing or damaged."""
     try:
-        with open(os.path.join(STATE_DIR, GPU_HEALTH_FILE), encoding="utf-8") as f:
-            state = json.load(f)
+        state = json.loads(read_text(os.path.join(STATE_DIR, GPU_HEALTH_FILE)) or "{}")
     except (OSError, ValueError, RecursionError):
         return {}
     out: dict[str, Any] = {}
@@ -186,8 +189,5 @@ def write_textfile() -> None:
     directory = os.environ.get("INFER_UNITS_METRICS_DIR")
     if not directory:
         return
-    target = os.path.join(directory, "infer-units.prom")
-    tmp = target + f".{os.getpid()}.tmp"
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.write(render_textfile())
-    os.replace(tmp, target)
+    with open_dir(directory) as d:
+        d.write(TEXTFILE, render_textfile())

@@ -11,10 +11,12 @@ import subprocess
 import sys
 from ..records import dataclass
 
+from ...generator.atomicfile import read_text, write_file
+from ...generator.paths import run_dir
 from .envfile import update_env_file
 from ..facts.gpus import Gpu
 
-CACHE_DIR = os.environ.get("INFER_UNITS_P2P_CACHE", "/run/infer-units/p2p")
+CACHE_DIR = os.environ.get("INFER_UNITS_P2P_CACHE") or os.path.join(run_dir(), "p2p")
 SELFTEST = os.path.join(os.path.dirname(os.path.abspath(__file__)), "p2p_selftest.py")
 
 
@@ -115,13 +117,12 @@ def check_p2p(gpus: list[Gpu], env_file: str | None, python: str,
     path = cache_path(gpus)
     boot = _boot_id()
     try:
-        with open(path, encoding="utf-8") as f:
-            cached = json.load(f)
+        cached = json.loads(read_text(path) or "{}")
         if cached.get("boot_id") == boot:
             verdict = P2PVerdict(bool(cached["ok"]), True, str(cached["reason"]), cached["report"])
             _apply(verdict, env_file, off_args, off_env or {})
             return verdict
-    except (OSError, ValueError, KeyError):
+    except (OSError, ValueError, KeyError, AttributeError):
         pass
     report = _run_selftest(python, gpus, timeout, user, server_env)
     if report.get("ok"):
@@ -142,11 +143,9 @@ def check_p2p(gpus: list[Gpu], env_file: str | None, python: str,
             + (p.get("error") or f"{p.get('mismatched_words')} words differ")
             for p in bad) or str(report.get("error"))
         verdict = P2PVerdict(False, False, f"peer copy failed: {detail}", report)
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    with open(path + ".tmp", "w", encoding="utf-8") as f:
-        json.dump({"boot_id": boot, "ok": verdict.ok, "reason": verdict.reason,
-                   "report": verdict.report, "gpus": [g.uuid for g in gpus]}, f)
-    os.replace(path + ".tmp", path)
+    write_file(path, json.dumps({"boot_id": boot, "ok": verdict.ok, "reason": verdict.reason,
+                                 "report": verdict.report, "gpus": [g.uuid for g in gpus]}),
+               dir_mode=0o755)
     _apply(verdict, env_file, off_args, off_env or {})
     return verdict
 

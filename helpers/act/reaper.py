@@ -17,7 +17,9 @@ from ..records import dataclass, field
 from .. import exitcodes
 from ..decide.attribution import (ANCESTOR, FOREIGN, IGNORED, OWN, SERVICE, Attribution, Holder,
                           attribute)
+from ..decide.identity import restarting_unit
 from ..facts.gpumemory import describe as describe_unaccounted
+from ..facts.systemd import queue_stop
 from ..facts.gpus import Backend, Gpu, unseen_message
 from .pidwait import PidSet
 from ..facts.procinfo import read_proc, read_stat, wchan
@@ -124,6 +126,7 @@ class Reaper:
         self._settle_until: float | None = None
         self._last_unaccounted = -1
         self._warned_unseen = False
+        self._stopped_units: set[str] = set()
 
     def _attribute(self) -> Attribution:
         return attribute(self.backend, self.gpus, self.own_unit, self.policy.ignore)
@@ -140,6 +143,35 @@ class Reaper:
              f"GPU {','.join(map(str, sorted(holder.use.gpus)))}): {i.cmdline} -- {why}")
         if not self.policy.dry_run:
             pids.signal(i.pid, signum)
+
+    def _stop_restarting_units(self, foreign: list[Holder]) -> list[Holder]:
+        """The foreign holders that are the main process of a system service
+        systemd would restart (identity.restarting_unit): their unit is
+        stopped through systemd, once, and they are waited for, never
+        signalled (a kill is undone after RestartSec=).  Returns them; a
+        unit systemd refuses to stop leaves its process to the kill."""
+        out = []
+        for h in foreign:
+            i = h.info
+            found = restarting_unit(i.pid, i.cgroup)
+            if found is None:
+                continue
+            unit, restart = found
+            why = (f"{h.why}: main process of {unit} (Restart={restart}), which systemd "
+                   "would start again after a kill")
+            if unit not in self._stopped_units:
+                verb = "would stop" if self.policy.dry_run else "stopping"
+                _log(f"{verb} {unit} through systemd for pid {i.pid} (user {i.user}, GPU "
+                     f"{','.join(map(str, sorted(h.use.gpus)))}): {i.cmdline} -- {why}")
+                why_not = None if self.policy.dry_run else queue_stop(unit)
+                if why_not is not None:
+                    _log(f"cannot stop {unit} ({why_not}): signalling pid {i.pid} instead")
+                    continue
+                self._stopped_units.add(unit)
+                self.result.actions.append(Action(i.pid, "StopUnit", f"{unit}: {why}",
+                                                  i.cmdline, self._now()))
+            out.append(h)
+        return out
 
     def _report(self, holders: list[Holder], label: str) -> None:
         """One line per process, once per run."""
@@ -190,8 +222,11 @@ class Reaper:
                     return
                 if policy.foreign == "report":
                     self._report(foreign, "also on the GPU")
-                to_kill = own + (foreign if policy.foreign == "kill" else [])
-                to_wait = foreign if policy.foreign == "wait" else []
+                stopping = self._stop_restarting_units(foreign) if policy.foreign == "kill" else []
+                through_systemd = {h.info.pid for h in stopping}
+                to_kill = own + ([h for h in foreign if h.info.pid not in through_systemd]
+                                 if policy.foreign == "kill" else [])
+                to_wait = (foreign if policy.foreign == "wait" else []) + stopping
                 if not to_kill and not to_wait:
                     if self._idle(seen, deadline):
                         continue

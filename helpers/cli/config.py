@@ -20,6 +20,7 @@ from typing import Any
 
 import click
 
+from ...generator.paths import RUN_DIR
 from .options import complete_model_names, die, echo_json
 
 OVERRIDE = "override.toml"
@@ -141,7 +142,7 @@ def _edit_dir(dirs: list[str]) -> str:
         if d.rstrip("/") == "/etc/infer-units":
             return d
     for d in dirs:
-        if d.rstrip("/") != "/run/infer-units":
+        if d.rstrip("/") != RUN_DIR:
             return d
     return dirs[0]
 
@@ -294,12 +295,11 @@ def edit_command(name: str, no_reload: bool, start_from: str | None) -> None:
 
 
 def _write_override(target: str, content: str) -> None:
-    os.makedirs(os.path.dirname(target), exist_ok=True)
-    fd, staged = tempfile.mkstemp(prefix=".#override-", dir=os.path.dirname(target))
-    with os.fdopen(fd, "w", encoding="utf-8") as f:
-        f.write(content.rstrip("\n") + "\n")
-    os.chmod(staged, 0o644)
-    os.replace(staged, target)      # atomic: the generator never sees half a file
+    from ...generator.atomicfile import write_file
+    try:    # atomic (the generator never sees half a file), on disk: durable
+        write_file(target, content.rstrip("\n") + "\n", durable=True, dir_mode=0o755)
+    except OSError as e:
+        die(f"{target} not written: {e.strerror or e}")
 
 
 def _only_comments(text: str) -> bool:

@@ -242,7 +242,8 @@ def _port_finding(model: Any) -> Finding | None:
     from ..facts.ports import can_bind, port_users
     users = port_users(model.port)
     holders = None if users is None else [info for info, _how in users]
-    own = [h for h in holders or [] if h.unit == model.unit_name]
+    from ..decide.identity import in_unit      # by systemd's ControlGroup, never a cgroup's name
+    own = [h for h in holders or [] if in_unit(h.cgroup, model.unit_name)]
     if holders and len(own) == len(holders):
         return _model_finding("port", OK, f"port {model.port} is held by {model.unit_name} "
                               "itself (running)")

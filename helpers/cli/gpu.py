@@ -187,7 +187,7 @@ def p2p_check(selector: str, env_file: str | None, python: str, timeout: float,
     except EnvFileError as e:
         die(str(e))
     if env_file:
-        # /run/infer-units/<name>.env belongs to <name>.service
+        # RUN_DIR/<name>.env belongs to <name>.service
         record_p2p(unit_name(os.path.basename(env_file).removesuffix(".env")), verdict)
 
 

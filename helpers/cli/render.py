@@ -33,9 +33,11 @@ def render(names: tuple[str, ...], output: str | None, as_json: bool) -> None:
     missing = [str(e) for e in loaded.missing_errors()]
     for line in missing:
         click.echo(f"error: {line}", err=True)
+    out_dir = None
     if output:
+        from ...generator.atomicfile import ensure_dir
         try:
-            os.makedirs(output, exist_ok=True)
+            out_dir = ensure_dir(output)     # checked, 0755 when made (atomicfile.py)
         except OSError as e:
             click.echo(f"error: {output}: cannot create: {e.strerror}", err=True)
             sys.exit(CONFIG_ERROR)
@@ -44,9 +46,9 @@ def render(names: tuple[str, ...], output: str | None, as_json: bool) -> None:
     for model in loaded.models:
         try:
             rendered = render_checked(model)    # the unit, then its [liveness] companions
-            if output:
+            if out_dir is not None:
                 for unit in rendered:
-                    write_unit(output, unit)
+                    write_unit(out_dir, unit)
         except (ConfigError, OSError) as e:
             what = e if isinstance(e, ConfigError) else f"{model.main_path}: cannot write: {e.strerror}"
             click.echo(f"error: {what}", err=True)

@@ -27,13 +27,15 @@ def available() -> str | None:
 def verify_units(units: list[Any]) -> dict[str, list[str]] | None:
     """Unit name -> verify's lines about it; None when systemd-analyze is not
     installed.  `units` are RenderedUnits (a model's unit and its companions)."""
+    from ...generator.atomicfile import open_dir
     from ...generator.main import write_unit
     analyze = available()
     if analyze is None or not units:
         return None
     with tempfile.TemporaryDirectory(prefix="infer-units-verify-") as out:
-        for unit in units:
-            write_unit(out, unit)
+        with open_dir(out) as d:
+            for unit in units:
+                write_unit(d, unit)
         paths = [os.path.join(out, u.name) for u in units if "/" not in u.name]
         try:
             done = subprocess.run([analyze, "verify", "--man=no", *paths], capture_output=True,

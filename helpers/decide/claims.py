@@ -6,7 +6,7 @@ same moment neither server holds the GPU yet, so both would pass.  So each
 pre-start, before reaping, takes a claim on its GPUs:
 
   - every GPU has a lock file, RUN_DIR/gpu/<uuid>.lock (RUN_DIR:
-    $INFER_UNITS_RUN_DIR, default /run/infer-units, a tmpfs: claims do not
+    generator/paths.py's run_dir(), a tmpfs: claims do not
     outlive a boot);
   - the hook flocks the files of its GPUs in index order (two hooks never
     wait on each other crosswise), reads the claim each holds, and if another
@@ -32,6 +32,8 @@ import os
 import time
 from ..records import dataclass
 
+from ...generator.atomicfile import UnsafePath, ensure_dir
+from ...generator.paths import run_dir
 from ..facts.gpus import Gpu
 from ..facts.procinfo import read_cgroup, read_stat, unit_of_cgroup
 
@@ -40,14 +42,13 @@ LOCK_POLL_S = 0.005
 CGROUP_ROOTS = ("/sys/fs/cgroup/systemd", "/sys/fs/cgroup/unified", "/sys/fs/cgroup")
 
 
-def run_dir() -> str:
-    return os.environ.get("INFER_UNITS_RUN_DIR", "/run/infer-units")
+def lock_name(gpu: Gpu) -> str:
+    key = gpu.uuid or gpu.pci or str(gpu.index)
+    return "".join(c if c.isascii() and (c.isalnum() or c in "-_.") else "_" for c in key) + ".lock"
 
 
 def lock_path(gpu: Gpu) -> str:
-    key = gpu.uuid or gpu.pci or str(gpu.index)
-    safe = "".join(c if c.isascii() and (c.isalnum() or c in "-_.") else "_" for c in key)
-    return os.path.join(run_dir(), "gpu", safe + ".lock")
+    return os.path.join(run_dir(), "gpu", lock_name(gpu))
 
 
 @dataclass(frozen=True)
@@ -116,23 +117,25 @@ class GpuClaims:
         self.unit = unit
 
     def _open_locked(self, deadline: float) -> list[tuple[Gpu, int]]:
-        os.makedirs(os.path.join(run_dir(), "gpu"), mode=0o755, exist_ok=True)
         held: list[tuple[Gpu, int]] = []
         try:
-            for g in self.gpus:            # index order: no crosswise waits
-                fd = os.open(lock_path(g), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
-                held.append((g, fd))
-                while True:
-                    try:
-                        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                        break
-                    except OSError as e:
-                        if e.errno not in (errno.EAGAIN, errno.EACCES):
-                            raise
-                        if time.monotonic() >= deadline:
-                            raise ClaimError(f"{lock_path(g)}: still locked by another "
-                                             "start hook", timed_out=True) from None
-                        time.sleep(LOCK_POLL_S)
+            # RUN_DIR and RUN_DIR/gpu 0755 whatever the umask; the lock files
+            # opened O_NOFOLLOW|O_NONBLOCK (atomicfile.py): no link or FIFO.
+            with ensure_dir(os.path.join(run_dir(), "gpu")) as locks:
+                for g in self.gpus:            # index order: no crosswise waits
+                    fd = locks.open_regular(lock_name(g), os.O_RDWR | os.O_CREAT, 0o644)
+                    held.append((g, fd))
+                    while True:
+                        try:
+                            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                            break
+                        except OSError as e:
+                            if e.errno not in (errno.EAGAIN, errno.EACCES):
+                                raise
+                            if time.monotonic() >= deadline:
+                                raise ClaimError(f"{lock_path(g)}: still locked by another "
+                                                 "start hook", timed_out=True) from None
+                            time.sleep(LOCK_POLL_S)
         except BaseException:
             for _g, fd in held:
                 os.close(fd)
@@ -148,7 +151,8 @@ class GpuClaims:
         try:
             held = self._open_locked(time.monotonic() + timeout)
         except OSError as e:
-            raise ClaimError(f"{run_dir()}/gpu: {e.strerror or e}") from None
+            raise ClaimError(str(e) if isinstance(e, UnsafePath)
+                             else f"{run_dir()}/gpu: {e.strerror or e}") from None
         try:
             conflicts = []
             for g, fd in held:

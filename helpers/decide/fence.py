@@ -4,10 +4,11 @@
 Restart= brings back while the services stop, or one an operator or a timer
 starts during the driver reload, is refused by its own pre-start), and
 records in it the units it stopped; `infer-units resume` removes it and
-starts exactly those again.  RUN_DIR is /run/infer-units (a tmpfs: a reboot,
+starts exactly those again.  RUN_DIR is generator/paths.py's (a tmpfs: a reboot,
 which reloads the driver anyway, lifts the fence), or $INFER_UNITS_RUN_DIR.
 
-pre-start reads it on every start: this module imports only os and json.
+pre-start reads it on every start: this module imports only os, json and
+the generator's light atomicfile and paths.
 """
 
 from __future__ import annotations
@@ -16,11 +17,14 @@ import json
 import os
 import time
 
+from ...generator.atomicfile import ensure_dir, read_text
+from ...generator.paths import run_dir
+
 NAME = "drain.fence"
 
 
 def path() -> str:
-    return os.path.join(os.environ.get("INFER_UNITS_RUN_DIR", "/run/infer-units"), NAME)
+    return os.path.join(run_dir(), NAME)
 
 
 class FenceError(Exception):
@@ -32,12 +36,11 @@ def read() -> dict | None:
     but cannot be parsed is still a fence: FenceError."""
     p = path()
     try:
-        with open(p, encoding="utf-8") as f:
-            text = f.read()
-    except FileNotFoundError:
+        text = read_text(p)
+    except (OSError, UnicodeDecodeError) as e:
+        raise FenceError(f"{p}: cannot read: {getattr(e, 'strerror', None) or e}") from None
+    if text is None:
         return None
-    except OSError as e:
-        raise FenceError(f"{p}: cannot read: {e.strerror}") from None
     try:
         record = json.loads(text)
         if not isinstance(record, dict) or not isinstance(record.get("stopped", []), list):
@@ -84,15 +87,8 @@ def write(stopped: list[str]) -> dict:
               "since_text": old.get("since_text",
                                     time.strftime("%Y-%m-%d %H:%M:%S %Z", time.localtime(now))),
               "stopped": units, "by_pid": os.getpid()}
-    p = path()
-    os.makedirs(os.path.dirname(p), mode=0o755, exist_ok=True)
-    staged = f"{p}.{os.getpid()}.tmp"
-    with open(staged, "w", encoding="utf-8") as f:
-        json.dump(record, f, indent=2)
-        f.write("\n")
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(staged, p)
+    with ensure_dir(run_dir()) as d:
+        d.write(NAME, json.dumps(record, indent=2) + "\n", durable=True)
     return record
 
 

@@ -68,6 +68,42 @@ def unit_state(name: str) -> UnitState:
         raise SystemdUnavailable(f"cannot read {name}: {e}") from None
 
 
+def slice_path(slice_name: str) -> str:
+    """The cgroup path of a slice: "a-b.slice" is /a.slice/a-b.slice, "-.slice" the root."""
+    if not slice_name or slice_name == "-.slice":
+        return ""
+    stem = slice_name[:-len(".slice")] if slice_name.endswith(".slice") else slice_name
+    parts = stem.split("-")
+    return "".join("/" + "-".join(parts[:i + 1]) + ".slice" for i in range(len(parts)))
+
+
+def control_group(name: str) -> str:
+    """The cgroup systemd runs the service `name` in: its ControlGroup while
+    it has one, else where it would put it (its Slice's path + its name, e.g.
+    after a stop that left an unkillable process); "" when systemd knows no
+    slice for it.  Raises SystemdUnavailable."""
+    unit = _unit(name)
+    try:
+        svc = unit.Service
+        cgroup = _s(svc.ControlGroup)
+        if cgroup:
+            return cgroup
+        where = slice_path(_s(svc.Slice))
+        return f"{where}/{name}" if _s(svc.Slice) else ""
+    except Exception as e:
+        raise SystemdUnavailable(f"cannot read {name}'s ControlGroup: {e}") from None
+
+
+def service_facts(name: str) -> tuple[str, int, str]:
+    """(ControlGroup, MainPID, Restart=) of a system service; raises SystemdUnavailable."""
+    unit = _unit(name)
+    try:
+        svc = unit.Service
+        return _s(svc.ControlGroup), int(svc.MainPID), _s(svc.Restart)
+    except Exception as e:
+        raise SystemdUnavailable(f"cannot read {name}: {e}") from None
+
+
 def _manager() -> Any:
     try:
         from pystemd.systemd1 import Manager
@@ -98,6 +134,35 @@ def list_unit_states(patterns: list[str]) -> dict[str, str]:
     except Exception as e:
         raise SystemdUnavailable(f"ListUnitsByPatterns failed: {e}") from None
     return {_s(row[0]): _s(row[3]) for row in sorted(rows)}
+
+
+@dataclass(frozen=True)
+class Listed:
+    """One row of ListUnitsByPatterns: a unit's state and its pending job."""
+    name: str
+    active_state: str
+    sub_state: str
+    job_type: str        # "" when no job is pending: "start", "stop", "restart", ...
+
+
+def list_units_with_jobs(patterns: list[str]) -> list[Listed]:
+    manager = _manager()
+    try:
+        rows = manager.Manager.ListUnitsByPatterns([], [p.encode() for p in patterns])
+    except Exception as e:
+        raise SystemdUnavailable(f"ListUnitsByPatterns failed: {e}") from None
+    return sorted((Listed(_s(r[0]), _s(r[3]), _s(r[4]), _s(r[8]) if int(r[7]) else "")
+                   for r in rows), key=lambda u: u.name)
+
+
+def left_active_at_us(name: str) -> int:
+    """Realtime µs of the unit's last ActiveExitTimestamp (0: never active)."""
+    try:
+        return int(_unit(name).Unit.ActiveExitTimestamp)
+    except SystemdUnavailable:
+        raise
+    except Exception as e:
+        raise SystemdUnavailable(f"cannot read {name}: {e}") from None
 
 
 def _has_job(name: str) -> bool:
@@ -155,6 +220,11 @@ def cancel_own_start(unit: str) -> str | None:
     job): a start refused as blocked must not come back through Restart=,
     which systemd applies to failed ExecStartPre= too (RestartPreventExitStatus=
     only looks at the main process).  Returns why it could not, or None."""
+    return queue_stop(unit)
+
+
+def queue_stop(unit: str) -> str | None:
+    """Queue a stop job for `unit` (mode replace), not waiting for it; why not, or None."""
     try:
         _manager().Manager.StopUnit(unit.encode(), b"replace")
         return None

@@ -149,6 +149,7 @@ def pre_start(argv: list[str]) -> int:
         return exitcodes.BLOCKED
     started = time.monotonic()
     claims = None
+    gpus: list[Gpu] = []
     if a.env_file:
         from ..act.envfile import EnvFileError, read_env_file
         try:
@@ -157,11 +158,30 @@ def pre_start(argv: list[str]) -> int:
             _say(str(e), ERR)
             return exitcodes.CONFIG_ERROR
     if a.gpus is not None:       # --gpus "" is a usage error, not "nothing to do"
-        from ..decide.claims import ClaimError, GpuClaims
         b, gpus = _gpus_or_exit(a.gpus)
         if not _healthy_enough(b, gpus, unit, a.accept_health, a.root_dir):
             _refuse_without_restart(unit)
             return exitcodes.BLOCKED
+    if a.wait_rendezvous:
+        # A multi-node worker parks here, unbounded, until its head forms a
+        # group: before it claims or reaps anything, so that while it waits
+        # its GPUs are free for any other model (which then wins them: the
+        # claim below refuses this start, by name).
+        from ..act.rendezvous import wait_rendezvous
+        if a.gpus is not None:
+            from ..decide.claims import GpuClaims
+            # A claim of this unit's that outlived its run (a crash before
+            # wait-free) would read as live while the unit is activating.
+            GpuClaims(gpus, unit).release()
+        wait_rendezvous(a.wait_rendezvous, a.head_url, _say)
+        fenced = refusal(unit)       # a drain began while it waited
+        if fenced:
+            _say(fenced, ERR)
+            _refuse_without_restart(unit)
+            return exitcodes.BLOCKED
+        started = time.monotonic()       # what follows is the start checks proper
+    if a.gpus is not None:
+        from ..decide.claims import ClaimError, GpuClaims
         claims = GpuClaims(gpus, unit)
         try:
             conflicts = claims.acquire()
@@ -244,9 +264,6 @@ def _start_checks(a: argparse.Namespace, unit: str, claims: GpuClaims | None) ->
         except EnvFileError as e:
             _say(str(e), ERR)
             return exitcodes.CONFIG_ERROR
-    if a.wait_rendezvous:
-        from ..act.rendezvous import wait_rendezvous
-        wait_rendezvous(a.wait_rendezvous, a.head_url, _say)
     return exitcodes.CLEAN
 
 

@@ -35,17 +35,17 @@ from infer_units.helpers.facts import gpus as gpus_mod  # noqa: E402
 HOSTPY = "/usr/local/bin/host-python"
 SERVER = "/run/iu-gpu/server.py"
 GIB = 0.0 if FAKE else 20.0          # per TP worker, scenario 1
-# The harness runs on whatever GPU count it finds: TP over the first two (or
-# the one there is), two models where there are two GPUs; the scenarios
-# that need two (disjoint models, P2P) say they were skipped, and why.
-TP = [g.index for g in GPUS][:2]
-PAIR = ("left", "right") if len(GPUS) >= 2 else ("left",)
 STOP_REPEATS = int(os.environ.get("IU_STOP_REPEATS", "4"))
 SLACK_MIB = 256                      # "memory back": within this of the idle figure
 T0 = time.monotonic()
 LOG = open(os.path.join(OUT, "scenarios.log"), "a", buffering=1)
 B = gpus_mod.backend()
 GPUS = B.gpus()
+# The harness runs on whatever GPU count it finds: TP over the first two (or
+# the one there is), two models where there are two GPUs; the scenarios
+# that need two (disjoint models, P2P) say they were skipped, and why.
+TP = [g.index for g in GPUS][:2]
+PAIR = ("left", "right") if len(GPUS) >= 2 else ("left",)
 RESULTS: dict = {"started_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                  "fake_gpus": FAKE, "backend": B.name,
                  "gpus": [{"index": g.index, "uuid": g.uuid, "pci": g.pci,

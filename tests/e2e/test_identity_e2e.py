@@ -1,0 +1,187 @@
+"""Identity and unit states under real systemd, as an attacker with a local
+account would try them (issue 19 #4, #10, #11, #12; each failed on main
+c93ae87): a user's own `systemd-run --user --unit=<model>` is not that model,
+drain while a unit restarts, a model with neither gpus nor port is fenced,
+a foreign `Restart=always` unit on a model's GPU."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from .e2e_support import FAKE_TABLE, add_model, alive, model_toml, show, wait_until
+
+pytestmark = pytest.mark.e2e
+FENCE = "/run/infer-units/drain.fence"
+HOLD = "import time; f = open('/var/lib/fakegpu/nvidia{gpu}', 'rb'); time.sleep(3600)"
+
+
+def _state(box, unit: str) -> str:
+    return show(box, unit, "ActiveState")["ActiveState"]
+
+
+def _cleanup(box, *names: str) -> None:
+    box.sh("touch /run/id-gate; systemctl stop " + " ".join(names) + " || true; rm -f "
+           + " ".join(f"/etc/infer-units/{n}.toml" for n in names) + f"; rm -f {FENCE}; "
+           "systemctl daemon-reload; systemctl reset-failed " + " ".join(names) + " || true",
+           check=False)
+
+
+# ------------------------------------------------------------------ #4
+
+def _user_manager(box) -> int:
+    """A local user, `hog`, with a running user manager (as after a login)."""
+    box.sh("id hog >/dev/null 2>&1 || useradd -m hog")
+    uid = int(box.sh("id -u hog").stdout)
+    # The slim image has no pam_systemd (which would set XDG_RUNTIME_DIR at a
+    # login): say it to the user manager directly.
+    box.write("/etc/systemd/system/user@.service.d/10-runtime-dir.conf",
+              "[Service]\nEnvironment=XDG_RUNTIME_DIR=/run/user/%i\n")
+    box.sh(f"systemctl daemon-reload && systemctl start user@{uid}.service")
+    assert wait_until(lambda: box.sh(f"test -S /run/user/{uid}/systemd/private",
+                                     check=False).returncode == 0, timeout=60)
+    return uid
+
+
+def _as_hog(box, uid: int, command: str, check: bool = True):
+    return box.sh(f"runuser -u hog -- env XDG_RUNTIME_DIR=/run/user/{uid} {command}",
+                  check=check)
+
+
+def _impostor(box, uid: int, unit: str, gpu: int) -> int:
+    """The user's GPU hog in their own unit named like an infer-units model."""
+    _as_hog(box, uid, f"systemd-run --user --collect --unit={unit} /usr/bin/python3 -c "
+                      f"\"{HOLD.format(gpu=gpu)}\"")
+    pid = 0
+
+    def started() -> bool:
+        nonlocal pid
+        out = _as_hog(box, uid, f"systemctl --user show --value -p MainPID {unit}",
+                      check=False).stdout.strip()
+        pid = int(out) if out.isdigit() else 0
+        return pid > 0 and box.sh(f"ls -l /proc/{pid}/fd | grep -q nvidia{gpu}",
+                                  check=False).returncode == 0
+    assert wait_until(started, timeout=30)
+    cgroup = box.sh(f"cat /proc/{pid}/cgroup").stdout
+    assert f"/user@{uid}.service/app.slice/{unit}" in cgroup, cgroup
+    return pid
+
+
+def test_a_users_unit_named_like_a_model_is_reaped_by_start_and_drain(box) -> None:
+    add_model(box, "id-a", model_toml("id-a", [3], 18301))
+    add_model(box, "id-b", model_toml("id-b", [4], 18302))
+    box.sh("systemctl daemon-reload")
+    uid = _user_manager(box)
+    try:
+        hog = _impostor(box, uid, "id-b.service", 3)        # on id-a's GPU
+        start = box.sh("systemctl start id-a", check=False)
+        assert start.returncode == 0, box.journal("id-a.service")[-3000:]
+        assert wait_until(lambda: not alive(box, hog), timeout=30)
+        journal = box.journal("id-a.service")
+        assert f"sending SIGTERM to pid {hog} (user hog" in journal, journal[-3000:]
+        assert "not the service id-b.service" in journal
+
+        hog = _impostor(box, uid, "id-b.service", 4)
+        drain = box.sh(f"INFER_UNITS_FAKE_GPUS={FAKE_TABLE} infer-units drain --json "
+                       "--term-grace 1s --timeout 30s", check=False)
+        assert drain.returncode == 0, drain.stderr
+        report = json.loads(drain.stdout)
+        assert "id-a.service" in report["stop"], report["stop"]
+        assert hog in report["signal"] and hog not in report["spare"], report
+        assert not alive(box, hog)
+        resumed = box.sh("infer-units resume --json --timeout 60s", check=False)
+        assert resumed.returncode == 0, resumed.stderr
+        assert json.loads(resumed.stdout)["states"]["id-a.service"] == "active"
+    finally:
+        _as_hog(box, uid, "systemctl --user stop id-b.service", check=False)
+        _cleanup(box, "id-a", "id-b")
+
+
+# ------------------------------------------------------------------ #10
+
+def test_drain_while_a_unit_restarts_stops_records_and_resumes_it(box) -> None:
+    """`systemctl restart` is in its stop half (an ExecStop that waits for a
+    gate keeps it deactivating) when drain runs."""
+    text = model_toml("id-r", [4], 18303) + "ExecStop = " + json.dumps(
+        "/bin/sh -c 'while [ ! -e /run/id-gate ]; do sleep 0.1; done'") + "\n"
+    add_model(box, "id-r", text)
+    box.sh("rm -f /run/id-gate /run/id-drain.*; systemctl daemon-reload && systemctl start id-r")
+    try:
+        box.sh("systemctl restart --no-block id-r")
+        assert wait_until(lambda: _state(box, "id-r.service") == "deactivating", timeout=30)
+        box.sh("systemd-run --collect --unit=id-drainer /bin/sh -c '"
+               f"INFER_UNITS_FAKE_GPUS={FAKE_TABLE} infer-units drain --json --term-grace 1s "
+               "--timeout 60s >/run/id-drain.json 2>/run/id-drain.err; "
+               "echo $? >/run/id-drain.rc.tmp; mv /run/id-drain.rc.tmp /run/id-drain.rc'")
+
+        def drain_acted() -> bool:    # drain stopped it (a stop job replaced the restart), or gave up
+            jobs = box.sh("systemctl list-jobs --no-legend", check=False).stdout
+            return (box.sh("test -e /run/id-drain.rc", check=False).returncode == 0
+                    or any(line.split()[1:3] == ["id-r.service", "stop"]
+                           for line in jobs.splitlines() if len(line.split()) > 2))
+        assert wait_until(drain_acted, timeout=60)
+        box.sh("touch /run/id-gate")       # the stop may now finish
+        assert wait_until(lambda: box.sh("test -e /run/id-drain.rc", check=False).returncode
+                          == 0, timeout=90)
+        rc = int(box.sh("cat /run/id-drain.rc").stdout)
+        assert rc == 0, box.sh("cat /run/id-drain.err").stdout
+        report = json.loads(box.sh("cat /run/id-drain.json").stdout)
+        assert "id-r.service" in report["stop"], report
+        assert "id-r.service" in json.loads(box.sh(f"cat {FENCE}").stdout)["stopped"]
+        assert _state(box, "id-r.service") == "inactive", box.journal("id-r.service")[-2000:]
+        resumed = box.sh("infer-units resume --json --timeout 60s", check=False)
+        assert resumed.returncode == 0, resumed.stderr
+        assert json.loads(resumed.stdout)["states"]["id-r.service"] == "active"
+        assert _state(box, "id-r.service") == "active"
+    finally:
+        _cleanup(box, "id-r")
+
+
+# ------------------------------------------------------------------ #11
+
+def test_a_model_with_neither_gpus_nor_port_does_not_start_while_fenced(box) -> None:
+    add_model(box, "id-bare", 'engine = "command"\ncommand = ["/bin/sleep", "infinity"]\n'
+                              '[service]\nRestartSec = "1s"\n')
+    box.sh("systemctl daemon-reload")
+    # /run is the container's own tmpfs: written from inside
+    box.sh(f"mkdir -p /run/infer-units && echo '{{\"stopped\": []}}' > {FENCE}")
+    try:
+        assert box.sh("systemctl start id-bare", check=False).returncode != 0
+        assert wait_until(lambda: _state(box, "id-bare.service") in ("failed", "inactive"),
+                          timeout=30)
+        assert "start of id-bare.service refused: GPUs drained" in box.journal("id-bare.service")
+        box.sh("infer-units resume")
+        box.sh("systemctl reset-failed id-bare; systemctl start id-bare")
+        assert _state(box, "id-bare.service") == "active"
+    finally:
+        _cleanup(box, "id-bare")
+
+
+# ------------------------------------------------------------------ #12
+
+def test_a_foreign_restart_always_unit_is_stopped_through_systemd(box) -> None:
+    """Killed, its process comes back RestartSec= (100 ms) later and shares
+    the GPU with the model that was told "GPUs free"."""
+    box.write("/etc/systemd/system/id-hogd.service",
+              "[Service]\nExecStart=/usr/bin/python3 -c \"" + HOLD.format(gpu=2) + "\"\n"
+              "Restart=always\nRestartSec=100ms\n")
+    add_model(box, "id-g", model_toml("id-g", [2], 18304))
+    box.sh("systemctl daemon-reload && systemctl start id-hogd")
+    try:
+        hog = int(show(box, "id-hogd.service", "MainPID")["MainPID"])
+        assert wait_until(lambda: box.sh(f"ls -l /proc/{hog}/fd | grep -q nvidia2",
+                                         check=False).returncode == 0, timeout=30)
+        start = box.sh("systemctl start id-g", check=False)
+        assert start.returncode == 0, box.journal("id-g.service")[-3000:]
+        props = show(box, "id-hogd.service", "ActiveState", "Job")   # not coming back
+        assert props["ActiveState"] == "inactive" and not props.get("Job"), props
+        journal = box.journal("id-g.service")
+        assert f"stopping id-hogd.service through systemd for pid {hog}" in journal, \
+            journal[-3000:]
+        users = box.sh(f"INFER_UNITS_FAKE_GPUS={FAKE_TABLE} infer-units holders --json "
+                       "--gpus 2").stdout
+        assert {h["unit"] for h in json.loads(users)["holders"]} == {"id-g.service"}, users
+    finally:
+        box.sh("systemctl stop id-hogd; rm -f /etc/systemd/system/id-hogd.service", check=False)
+        _cleanup(box, "id-g")

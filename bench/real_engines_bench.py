@@ -140,13 +140,27 @@ def hang_run(box: RealBox, engine: str) -> dict[str, object]:
     victim = engine_core(c, name) if engine == "vllm" else pid
     t0 = time.monotonic()
     c.sh(f"kill -STOP {victim}")
+    # What the server's own /health says while it is hung (vLLM: the API
+    # server still runs, only its EngineCore is stopped).
+    r["hang_health"] = health_status(box, port)
     back = wait_for(lambda: main_pid(c, name) not in (0, pid) and state(c, name) == "active",
                     LOAD_TIMEOUT if engine == "vllm" else 60)
     r["hang_to_active_s"] = time.monotonic() - t0 if back else None
+    r["hang_liveness_restarts"] = c.journal(f"{name}.service").count("liveness: restarting")
     r["hang_end"] = result(box, name)
     c.sh(f"kill -CONT {victim} 2>/dev/null; systemctl stop {name}; "
          f"rm /etc/infer-units/{name}.toml; systemctl daemon-reload", check=False, timeout=120)
     return r
+
+
+def health_status(box: RealBox, port: int) -> str:
+    """One GET /health from inside the container: "HTTP 200", or what failed."""
+    return box.c.sh("python3 -c 'import urllib.request, sys\n"
+                    "try:\n"
+                    f" r = urllib.request.urlopen(\"http://127.0.0.1:{port}/health\", timeout=5)\n"
+                    " print(\"HTTP\", r.status)\n"
+                    "except Exception as e:\n"
+                    " print(type(e).__name__, e)'", check=False).stdout.strip()
 
 
 def median(samples: list[object]) -> object:

@@ -24,10 +24,10 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tests/e2e"))
+sys.path.insert(0, str(ROOT))      # the tests are a package
 
-from container import Container, available  # noqa: E402
-from e2e_support import FAKE_TABLE, install_fake_gpus, model_toml  # noqa: E402
+from tests.e2e.container import Container, available  # noqa: E402
+from tests.e2e.e2e_support import FAKE_TABLE, install_fake_gpus, model_toml  # noqa: E402
 
 BASELINE = f"""[Unit]
 Description=baseline: the same fake server without infer-units hooks

@@ -95,7 +95,24 @@ class MergedConfig:
         return self.main_path
 
 
+# What this run read, in order, when recording (generator/cache.py): each
+# (kind, argument, answer) of the four reads below, which are all the loader
+# learns about the host.  Replaying the same reads and getting the same
+# answers means the same models, and so the same units.
+RECORD: list[tuple[str, str, Any]] | None = None
+
+
+def _recorded(kind: str, arg: str, answer: Any) -> Any:
+    if RECORD is not None:
+        RECORD.append((kind, arg, answer))
+    return answer
+
+
 def _is_masked(path: str) -> bool:
+    return _recorded("masked", path, _masked(path))
+
+
+def _masked(path: str) -> bool:
     """A symlink to /dev/null or an empty regular file (a FIFO is not empty: it is refused)."""
     try:
         if os.path.islink(path) and os.path.realpath(path) == "/dev/null":
@@ -114,16 +131,27 @@ def _list_dir(directory: str) -> list[str]:
     (a symlink loop, EACCES, EIO) raises OSError: a directory we cannot read
     must not look like an empty one."""
     if directory not in _listings:
-        try:
-            _listings[directory] = os.listdir(directory)
-        except (FileNotFoundError, NotADirectoryError):
-            _listings[directory] = []
-        except OSError as e:
-            _listings[directory] = e
+        _listings[directory] = _listing(directory)
+        _recorded("listdir", directory, _as_answer(_listings[directory]))
     listing = _listings[directory]
     if isinstance(listing, OSError):
         raise listing
     return listing
+
+
+def _listing(directory: str) -> list[str] | OSError:
+    try:
+        # Only what the loader looks at: model files and drop-in directories
+        # (the env files and state beside them in /run/infer-units are no input).
+        return [e for e in os.listdir(directory) if e.endswith((".toml", ".toml.d"))]
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+    except OSError as e:
+        return e
+
+
+def _as_answer(listing: list[str] | OSError) -> tuple[str, ...] | str:
+    return tuple(listing) if isinstance(listing, list) else f"{type(listing).__name__}: {listing}"
 
 
 def forget_cache() -> None:
@@ -139,6 +167,10 @@ _parsed: dict[str, dict[str, Any]] = {}   # host-wide drop-ins are read once per
 
 
 def _read_bytes(path: str) -> bytes:
+    return _recorded("read", path, read_file(path))
+
+
+def read_file(path: str) -> bytes:
     """The file's bytes: regular files only (opening a FIFO must not block),
     at most MAX_FILE_BYTES."""
     try:
@@ -293,6 +325,10 @@ _system_units_listed: list[bool] = []
 
 
 def _existing_unit(unit: str) -> str | None:
+    return _recorded("unit", unit, existing_unit(unit))
+
+
+def existing_unit(unit: str) -> str | None:
     """The path of a unit by this name on the system's unit path, unless this
     generator wrote it (`infer-units render --output /etc/systemd/system`)."""
     if not _system_units_listed:
@@ -405,3 +441,20 @@ def load_model(name: str, main_path: str, dirs: list[str] | None = None) -> Merg
         _merge(merged.data, _read_toml(path), path, merged.origin)
         merged.sources.append(path)
     return merged
+
+
+def answer(kind: str, arg: str) -> Any:
+    """Ask the host again what RECORD holds an answer to (generator/cache.py);
+    an error is an answer too (as text), never an exception."""
+    try:
+        if kind == "read":
+            return read_file(arg)
+        if kind == "masked":
+            return _masked(arg)
+        if kind == "unit":
+            return existing_unit(arg)
+        if kind == "listdir":
+            return _as_answer(_listing(arg))
+    except ConfigError as e:
+        return f"ConfigError: {e}"
+    raise ValueError(f"no such read: {kind}")

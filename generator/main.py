@@ -10,15 +10,21 @@ from __future__ import annotations
 import os
 import sys
 
-from .build import Loaded, as_config_error, load_all, render_checked
-from .errors import ConfigError
-from .log import GeneratorLog
+from . import cache
 from .atomicfile import Dir, open_dir
 from .paths import DEB_CLI, HOOK_CLI
-from .render import RenderedUnit
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
+
+    from .build import Loaded
+    from .cache import CachedUnit
+    from .log import GeneratorLog
+    from .render import RenderedUnit
 
 
-def write_unit(out: Dir, unit: RenderedUnit) -> None:
+def write_unit(out: Dir, unit: RenderedUnit | CachedUnit) -> None:
     """The unit, in its directory (a drop-in: NAME.service.d/), and its links.
     Atomically (atomicfile.py): a full disk (ENOSPC, EFBIG, EDQUOT) leaves the
     old file or none, never a truncated one (an empty unit would mean "masked"
@@ -44,8 +50,33 @@ def main(argv: list[str] | None = None) -> int:
         # Only a person gets this wrong (systemd passes three): tell the terminal.
         print("usage: infer-units-generator normal-dir [early-dir late-dir]", file=sys.stderr)
         return 1
-    log = GeneratorLog()
     out_dir = argv[0]
+    path = cache.cache_path()
+    try:
+        key = cache.run_key(HOOK_CLI) if path else None
+    except OSError:             # the code's files not where they should be: no cache
+        path = key = None
+    if path is not None and key is not None:
+        units = cache.lookup(path, key)
+        if units is not None:
+            try:
+                with open_dir(out_dir) as out:
+                    for unit in units:
+                        write_unit(out, unit)
+                return 0
+            except Exception:       # noqa: BLE001 - the full run below says what is wrong
+                pass
+    return _generate(out_dir, path, key)
+
+
+def _generate(out_dir: str, path: str | None, key: tuple[Any, ...] | None) -> int:
+    """The full run: load, validate and render every model (and, with a
+    cache path, keep what it read and wrote for the next run, cache.py)."""
+    from . import loader
+    from .build import as_config_error, load_all
+    from .log import LEVELS, GeneratorLog
+    log = GeneratorLog()
+    loader.RECORD = [] if path is not None else None
     try:
         loaded = load_all()
     except Exception as e:      # noqa: BLE001 - a bug of ours: one line, not a traceback
@@ -61,12 +92,21 @@ def main(argv: list[str] | None = None) -> int:
         log.error(f"{out_dir}: cannot write units there: {e.strerror or e} (no unit generated)")
         return 1
     with out:
-        _write_all(log, loaded, out)
+        written = _write_all(log, loaded, out)
     log.finish(out_dir)
+    record, loader.RECORD = loader.RECORD, None
+    if path is not None and key is not None and record is not None and log.errors == 0 \
+            and log.max_level < LEVELS["debug"]:
+        # A run that logged nothing: the next one may replay it (cache.py).
+        cache.store(path, key, record, written)
     return 0
 
 
-def _write_all(log: GeneratorLog, loaded: Loaded, out: Dir) -> None:
+def _write_all(log: GeneratorLog, loaded: Loaded, out: Dir) -> list[RenderedUnit]:
+    """Every model's files; the list of those written."""
+    from .build import as_config_error, render_checked
+    from .errors import ConfigError
+    written: list[RenderedUnit] = []
     for model in loaded.models:
         try:
             units = render_checked(model)
@@ -76,6 +116,7 @@ def _write_all(log: GeneratorLog, loaded: Loaded, out: Dir) -> None:
         try:
             for unit in units:
                 write_unit(out, unit)
+                written.append(unit)
             log.debug(f"{model.main_path}: wrote {model.unit_name}")
         except Exception as e:      # noqa: BLE001
             reason = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
@@ -87,8 +128,10 @@ def _write_all(log: GeneratorLog, loaded: Loaded, out: Dir) -> None:
         try:
             for unit in shipped_units():
                 write_unit(out, unit)
+                written.append(unit)
         except Exception as e:      # noqa: BLE001
             log.error(f"cannot write the liveness template units: {e} (models have no liveness)")
+    return written
 
 
 if __name__ == "__main__":

@@ -8,8 +8,8 @@ from .errors import ConfigError
 from .liveness import Liveness, build_liveness
 from .loader import MergedConfig
 from .nodes import Nodes, build_nodes
-from .settings import (BUILTIN_IGNORE, BY_KEY, FIXED_TABLES, is_env_name, is_pci, no_control,
-                       scalar_text, show)
+from .settings import (BUILTIN_IGNORE, BY_KEY, DERIVED, FIXED_TABLES, SETTINGS, is_env_name,
+                       is_pci, no_control, scalar_text, show)
 
 TYPE_CHECKING = False   # typing/dataclasses are too slow to import here
 if TYPE_CHECKING:
@@ -19,7 +19,9 @@ if TYPE_CHECKING:
 
 
 class Model:
-    """One validated model; the attributes below are all it holds."""
+    """One validated model; the attributes below are all it holds.  Those of
+    a setting (settings.SETTINGS, attr) are filled from the table by
+    build_model(); the others are derived there."""
 
     name: str                       # unit name without .service
     main_path: str
@@ -60,9 +62,12 @@ class Model:
     health_accept: tuple[str, ...]  # [health] accept: checks whose errors do not refuse
 
     def __init__(self, **fields: Any) -> None:
-        missing = set(self.__annotations__) - set(fields)
-        if missing:
-            raise TypeError(f"Model lacks {sorted(missing)}")
+        # The annotations above and settings.SETTINGS' attrs must agree: a
+        # setting whose attribute is not declared here fails the first model.
+        if fields.keys() != self.__annotations__.keys():
+            missing = set(self.__annotations__) - set(fields)
+            extra = set(fields) - set(self.__annotations__)
+            raise TypeError(f"Model lacks {sorted(missing)}, has undeclared {sorted(extra)}")
         self.__dict__.update(fields)
 
     @property
@@ -156,44 +161,28 @@ def build_model(merged: MergedConfig) -> Model:
             ports["rendezvous"] = nodes.addr_port
         elif values["engine"] == "vllm":
             del ports["port"]           # --headless: no HTTP server
+    probe_timeout = _probe_timeout(values, spec)
     return Model(
         name=merged.name,
         main_path=merged.main_path,
         sources=tuple(merged.sources),
-        engine=values["engine"],
-        model=values["model"],
-        gpus=values["gpus"],
-        port=values["port"],
-        host=values["host"],
-        tensor_parallel=values["tensor-parallel"],
-        args=tuple(values["args"]),
-        command=tuple(values["command"]) if values["command"] is not None else None,
-        python=values["python"],
-        executable=values["executable"],
-        user=values["user"],
-        description=values["description"],
-        env=values["env"],
-        nccl_p2p=values["nccl.p2p"],
+        # Every setting that is an attribute as it is (settings.SETTINGS says which)...
+        **{attr: values[key] if convert is None else convert(values[key])
+           for key, attr, convert in _DIRECT},
+        # ... and those derived from settings, the engine and the nodes.
         nccl_env=nccl_env,
-        reap_foreign=values["reap.foreign"],
-        reap_term_grace=values["reap.term-grace"],
-        reap_timeout=values["reap.timeout"],
         reap_ignore=tuple(dict.fromkeys(BUILTIN_IGNORE + tuple(values["reap.ignore"]))),
-        ready_url=values["ready.url"],
-        ready_timeout=values["ready.timeout"],
-        ready_interval=values["ready.interval"],
-        ready_probe_timeout=_probe_timeout(values, spec),
+        ready_probe_timeout=probe_timeout,
         stop_timeout=_stop_timeout(values, spec, merged),
         instance_args=instance_args,
         ports=ports,
         nodes=nodes,
-        unit_directives=values["unit"],
-        service_directives=values["service"],
-        install_directives=values["install"],
-        liveness=build_liveness(values, merged, _probe_timeout(values, spec),
-                                spec.liveness_probe),
-        health_accept=tuple(values["health.accept"]),
+        liveness=build_liveness(values, merged, probe_timeout, spec.liveness_probe),
     )
+
+
+# (key, Model attribute, conversion) of every setting the Model holds as it is.
+_DIRECT = tuple((s.key, s.attr, s.convert) for s in SETTINGS if s.attr != DERIVED)
 
 
 def _probe_timeout(v: dict[str, Any], spec: Any) -> float:

@@ -28,6 +28,8 @@ STOP_MARGIN_S = 15.0
 # With p2p = "auto" the self-test's verdict reaches the server's argv through
 # systemd's unbraced $VAR expansion (split into words; none when empty).
 P2P_ARGS_VAR = "INFER_UNITS_P2P_OFF_ARGS"
+# How wait-ready is started: with SIGTERM already blocked (render()).
+BLOCK_SIGTERM = ("/usr/bin/env", "--block-signal=TERM")
 VLLM_DEFAULT_READY_S = 600   # vLLM's own VLLM_ENGINE_READY_TIMEOUT_S default
 
 _INSTALL_DIRS = {"WantedBy": ".wants", "RequiredBy": ".requires", "UpheldBy": ".upholds"}
@@ -323,10 +325,16 @@ def render(m: Model) -> RenderedUnit:
     url = health_url(m)
     post = []
     if url is not None:
-        post.append("ExecStartPost=" + _hook(
+        # SIGTERM blocked before the interpreter starts (coreutils' env; the
+        # mask survives exec): a stop in wait-ready's first ~60 ms, before its
+        # handler is in place, would otherwise end the hook by default action
+        # and leave a loading server that ignores SIGTERM to TimeoutStopSec.
+        # wait-ready unblocks it once its handler is installed.
+        post.append("ExecStartPost=" + exec_line([
+            *BLOCK_SIGTERM, HOOK_CLI,
             "wait-ready", "--url", url, "--timeout", format_seconds(m.ready_timeout),
             "--interval", format_seconds(m.ready_interval),
-            "--probe-timeout", format_seconds(m.ready_probe_timeout)) + " --pid $MAINPID")
+            "--probe-timeout", format_seconds(m.ready_probe_timeout)]) + " --pid $MAINPID")
     selector = m.gpu_selector()
     stop_post = (_hook("wait-free", "--gpus", selector, "--unit", m.unit_name,
                        "--timeout", format_seconds(_stop_post_timeout(m)), *_ignore_args(m)) +

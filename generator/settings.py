@@ -465,14 +465,31 @@ def check_choice(choices: tuple[str, ...]) -> Callable[[Any], str]:
     return check
 
 
-class Setting:
-    __slots__ = ("key", "check", "default", "help")
+def _tuple_or_none(value: Any) -> Any:
+    return None if value is None else tuple(value)
 
-    def __init__(self, key: str, check: Callable[[Any], Any], default: Any, help: str) -> None:
+
+# Setting(attr=DERIVED): no Model attribute of its own; generator/model.py
+# derives one from it and other values (the engine's defaults, the nodes).
+DERIVED = ""
+
+
+class Setting:
+    """One key: how it is read (check), its default, its help line in the
+    docs, and the Model attribute it becomes (model.py fills those from this
+    table: no setting is copied by hand)."""
+    __slots__ = ("key", "check", "default", "help", "attr", "convert")
+
+    def __init__(self, key: str, check: Callable[[Any], Any], default: Any, help: str,
+                 attr: str | None = None, convert: Callable[[Any], Any] | None = None) -> None:
         self.key = key          # dotted: "reap.term-grace"
         self.check = check      # validates and normalizes; ValueError with the reason
         self.default = default  # None: unset unless the engine supplies it
         self.help = help
+        # Model attribute: by default the key as a name ("reap_term_grace");
+        # DERIVED: model.py computes the attribute from this and more.
+        self.attr = key.replace(".", "_").replace("-", "_") if attr is None else attr
+        self.convert = convert  # checked value -> the Model's (lists become tuples)
 
 
 SETTINGS: tuple[Setting, ...] = (
@@ -486,8 +503,10 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("host", check_host, "127.0.0.1", "Address the server binds."),
     Setting("tensor-parallel", check_positive_int, None,
             "Tensor-parallel size; default: the number of GPUs."),
-    Setting("args", check_str_list, [], "Extra argv for the server, passed verbatim."),
-    Setting("command", check_argv, None, "engine = \"command\": the whole argv."),
+    Setting("args", check_str_list, [], "Extra argv for the server, passed verbatim.",
+            convert=tuple),
+    Setting("command", check_argv, None, "engine = \"command\": the whole argv.",
+            convert=_tuple_or_none),
     Setting("python", check_program, "/usr/bin/python3",
             "Interpreter for sglang, vllm and trtllm (`<python> -m <module>`)."),
     Setting("executable", check_program, None,
@@ -503,7 +522,8 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("reap.timeout", check_duration, 60.0,
             "How long to wait for GPUs (and the port) to become free."),
     Setting("reap.ignore", check_process_names, [],
-            "Process names never touched, added to: " + ", ".join(BUILTIN_IGNORE) + "."),
+            "Process names never touched, added to: " + ", ".join(BUILTIN_IGNORE) + ".",
+            attr=DERIVED),
     Setting("ready.url", check_url, None, "Health URL; default: the engine's."),
     Setting("ready.timeout", check_duration, 1200.0, "How long the server may take to load."),
     Setting("ready.interval", check_duration, 0.05,
@@ -512,48 +532,52 @@ SETTINGS: tuple[Setting, ...] = (
             "about this long of the server's first 2xx."),
     Setting("ready.probe-timeout", check_duration, None,
             "How long one health request may take; default per engine (SGLang's /health "
-            "generates a token: 30s; others 10s)."),
+            "generates a token: 30s; others 10s).", attr=DERIVED),
     Setting("stop.timeout", check_duration, None,
             "How long the server may drain after SIGTERM; default per engine (TGI 180s: "
             "90s for its router, then for its shards; SGLang 60s; others 30s; more when args set "
-            "the server's own drain time). TimeoutStopSec= is derived from it."),
+            "the server's own drain time). TimeoutStopSec= is derived from it.", attr=DERIVED),
     Setting("nodes.hosts", check_hosts, None,
-            "One model across hosts: every host, in rank order (sglang, vllm)."),
+            "One model across hosts: every host, in rank order (sglang, vllm).", attr=DERIVED),
     Setting("nodes.addr", check_addr, None,
             "Rendezvous host:port (SGLang --dist-init-addr, vLLM --master-addr/--master-port); "
-            "default: the first host, port 29500."),
+            "default: the first host, port 29500.", attr=DERIVED),
     Setting("nodes.rank", check_rank, None,
             "This host's rank; default: its name's position in hosts (set it in a host-local "
-            "drop-in)."),
+            "drop-in).", attr=DERIVED),
     Setting("nodes.head-url", check_url, None,
             "Where the other hosts probe the group's health; default: http://<addr host>:<port>"
-            "<health path>."),
-    Setting("unit", lambda v: check_section(v, "unit"), {}, "Raw [Unit] directives."),
+            "<health path>.", attr=DERIVED),
+    Setting("unit", lambda v: check_section(v, "unit"), {}, "Raw [Unit] directives.",
+            attr="unit_directives"),
     Setting("service", lambda v: check_section(v, "service"), {},
-            "Raw [Service] directives (they win over ours)."),
+            "Raw [Service] directives (they win over ours).", attr="service_directives"),
     Setting("install", lambda v: check_section(v, "install"), {},
-            "[Install]: WantedBy=/RequiredBy= become .wants/.requires links."),
+            "[Install]: WantedBy=/RequiredBy= become .wants/.requires links.",
+            attr="install_directives"),
     Setting("health.accept", check_health_accept, [],
             "Health checks whose errors do not refuse a start (logged as warnings), e.g. "
-            '["xid"] after a GPU reset; names as `infer-units doctor` prints them.'),
+            '["xid"] after a GPU reset; names as `infer-units doctor` prints them.',
+            convert=tuple),
     Setting("liveness.interval", check_duration, 30.0,
-            "Time between health probes once the unit is active; \"0\" turns liveness off."),
+            "Time between health probes once the unit is active; \"0\" turns liveness off.",
+            attr=DERIVED),
     Setting("liveness.failures", check_positive_int, 4,
-            "Consecutive failed probes after which systemd restarts the unit."),
+            "Consecutive failed probes after which systemd restarts the unit.", attr=DERIVED),
     Setting("liveness.timeout", check_duration, None,
             "How long one probe may take (a slower or non-2xx answer fails it); default: "
-            "[ready] probe-timeout (per engine: SGLang 30s, others 10s)."),
+            "[ready] probe-timeout (per engine: SGLang 30s, others 10s).", attr=DERIVED),
     Setting("liveness.probe", check_choice(("health", "generate")), None,
             "health: GET the health URL; generate: POST a one-token completion to the "
             "engine's OpenAI-compatible /v1/completions (max_tokens 1), so a server whose "
             "health endpoint answers while its engine is broken is restarted; default per "
             "engine (vLLM and llama.cpp: generate, their /health reads a flag (vllm#36960); "
-            "SGLang and TGI: health, theirs already generates)."),
+            "SGLang and TGI: health, theirs already generates).", attr=DERIVED),
     Setting("liveness.max-restarts", check_int, 3,
             "Liveness restarts allowed within restart-window; one more hang and the unit is "
-            "stopped and left failed."),
+            "stopped and left failed.", attr=DERIVED),
     Setting("liveness.restart-window", check_duration, 21600.0,
-            "The window max-restarts counts in."),
+            "The window max-restarts counts in.", attr=DERIVED),
 )
 
 BY_KEY: dict[str, Setting] = {s.key: s for s in SETTINGS}

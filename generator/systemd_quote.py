@@ -37,7 +37,13 @@ def exec_line(argv: list[str] | tuple[str, ...]) -> str:
 
 def environment_assignment(name: str, value: str) -> str:
     """The right-hand side of Environment= for NAME=value."""
-    return '"' + f"{name}={value}".translate(_ENV_TABLE) + '"'
+    text = f"{name}={value}"
+    # Most values need no escape: str.isprintable()/isascii() and `in` are C
+    # scans, translate() with this table a dict look-up per character.
+    if text.isascii() and text.isprintable() and "\\" not in text and '"' not in text \
+            and "%" not in text:
+        return '"' + text + '"'
+    return '"' + text.translate(_ENV_TABLE) + '"'
 
 
 _PLAIN_TABLE: dict[int, str | None] = {c: " " for c in (*range(0x20), 0x7F, 0x85, 0x2028, 0x2029)}

@@ -262,6 +262,12 @@ def place(path: Path, kind: str, body: bytes) -> None:
         path.write_bytes(body)
 
 
+def _files(out: Path) -> dict[str, str]:
+    return {str(p.relative_to(out)): (f"-> {os.readlink(p)}" if p.is_symlink() else
+                                      p.read_text(encoding="utf-8") if p.is_file() else "dir")
+            for p in sorted(out.rglob("*"))}
+
+
 def test_fuzzed_trees(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     collected = tmp_path / "collected"
     collected.mkdir()
@@ -271,6 +277,10 @@ def test_fuzzed_trees(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("INFER_UNITS_UNIT_PATH", str(units_dir))
     monkeypatch.setenv("SYSTEMD_LOG_TARGET", "console")
     monkeypatch.setenv("SYSTEMD_LOG_LEVEL", "info")
+    # generator/cache.py: a clean run is replayed by the next one on the same tree
+    cache = tmp_path / "cache" / "generator.cache"
+    monkeypatch.setenv("INFER_UNITS_GENERATOR_CACHE", str(cache))
+    replayed = [0]
     counter = itertools.count()
     accepted = [0]
     examples = [0]
@@ -305,6 +315,15 @@ def test_fuzzed_trees(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
                 assert main([str(out)]) == 0
             lines = log.getvalue().splitlines()
             assert (out / "good.service").exists(), lines
+            if not lines and os.geteuid() == 0:
+                # Replayed, the same tree writes the same files, byte for byte.
+                again = work / "again"
+                again.mkdir()
+                stored = cache.stat().st_mtime_ns
+                assert main([str(again)]) == 0
+                assert cache.stat().st_mtime_ns == stored, "not replayed"
+                assert _files(again) == _files(out)
+                replayed[0] += 1
             assert not [l for l in lines if "internal error" in l], lines
             assert all(l.startswith("infer-units-generator: ") for l in lines), lines
             for name, (kind, body), _ in tree:
@@ -325,7 +344,10 @@ def test_fuzzed_trees(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
 
     run()
     units = sorted(collected.glob("*.service"))
-    print(f"fuzz: {examples[0]} examples, {len(units)} units to verify")
+    print(f"fuzz: {examples[0]} examples, {len(units)} units to verify, "
+          f"{replayed[0]} clean trees replayed from the cache")
+    if os.geteuid() == 0:
+        assert replayed[0] >= MAX_EXAMPLES // 20, replayed[0]
     # Enough accepted models that verify means something (the good one counts once).
     assert len(units) > MAX_EXAMPLES // 10, len(units)
     if shutil.which("systemd-analyze") and Path("/usr/lib/systemd/system").is_dir():

@@ -10,7 +10,7 @@ import socket
 import subprocess
 import time
 
-from .support import PYTHON, base_env
+from .support import PYTHON, base_env, wait_until
 
 # A loading server that ignores SIGTERM (vLLM 0.32 did, 20-25 s into its load).
 DEAF_SERVER = ("import signal, sys, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
@@ -46,6 +46,54 @@ def test_sigterm_while_loading_kills_the_server_and_exits_0() -> None:
         rest = hook.stderr.read()
         assert f"killing the server pid {server.pid}" in rest and "stopped while" in rest, rest
         assert took < 2, f"stopped after {took:.1f}s"
+    finally:
+        for p in (hook, server):
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+
+
+def _generated_wait_ready(tmp_path, port: int, pid: int) -> list[str]:
+    """wait-ready's command line as the generator writes it into a unit, with
+    this tree's CLI for /usr/bin/infer-units and the server's pid for $MAINPID."""
+    from .support import run_generator
+    from .unitfile import exec_argv, values
+    etc = tmp_path / "etc"
+    etc.mkdir()
+    (etc / "m.toml").write_text(f'engine = "command"\ncommand = ["/bin/true"]\nport = {port}\n')
+    done = run_generator(tmp_path / "out", str(etc))
+    assert done.returncode == 0, done.stderr
+    argv = exec_argv(values((tmp_path / "out/m.service").read_text(), "Service",
+                            "ExecStartPost")[0])
+    cli = argv.index("/usr/bin/infer-units")
+    return [*argv[:cli], PYTHON, "-m", "infer_units",
+            *[str(pid) if w == "$MAINPID" else w for w in argv[cli + 1:]]]
+
+
+def test_sigterm_before_the_handler_is_in_place_still_ends_the_load(tmp_path) -> None:
+    """systemd's stop can reach wait-ready while Python is still starting
+    (~60 ms of imports before its handler): the unit starts it with SIGTERM
+    blocked, so the stop is held until the handler takes it."""
+    server = subprocess.Popen([PYTHON, "-c", DEAF_SERVER], stdout=subprocess.PIPE, text=True)
+    assert server.stdout is not None and server.stdout.readline() == "loading\n"
+    argv = _generated_wait_ready(tmp_path, free_port(), server.pid)
+    hook = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=base_env())
+    python = os.path.realpath(PYTHON)
+    try:
+        # The stop comes as soon as the hook is the interpreter (any wrapper
+        # before it has exec'd it): the earliest moment of the old window.
+        def interpreter() -> bool:
+            try:
+                return os.path.realpath(f"/proc/{hook.pid}/exe") == python
+            except OSError:
+                return False
+        assert wait_until(interpreter, 10, step=0.0002, max_step=0.0002), argv
+        hook.send_signal(signal.SIGTERM)
+        server.send_signal(signal.SIGTERM)
+        assert hook.wait(20) == 0, (argv, hook.stderr.read() if hook.stderr else "")
+        assert server.wait(10) == -signal.SIGKILL
+        assert hook.stderr is not None and "stopped while" in hook.stderr.read()
     finally:
         for p in (hook, server):
             if p.poll() is None:
@@ -123,3 +171,16 @@ def test_wait_port_says_who_holds_a_bound_port() -> None:
     finally:
         holder.kill()
         holder.wait()
+
+
+def test_start_limit_is_left_alone_outside_the_units_own_cgroup() -> None:
+    """pre-start resets the start-limit counter only as the hook of that unit
+    (run by systemd, in its cgroup): by hand or from a test it asks nothing."""
+    from infer_units.helpers.act import startlimit
+    said: list[str] = []
+    env = {"INVOCATION_ID": "0123456789abcdef0123456789abcdef"}
+    assert not startlimit.forgive_asked_start("iu-not-this.service",
+                                              lambda m, p: said.append(m), env)
+    assert not startlimit.forgive_asked_start("iu-not-this.service",
+                                              lambda m, p: said.append(m), {})
+    assert said == []

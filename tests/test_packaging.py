@@ -97,8 +97,14 @@ def venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def _clean_env(**extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "PIP_", "VIRTUAL_ENV"))}
+    env["INFER_UNITS_GENERATOR_CACHE"] = ""      # not the host's /run (generator/cache.py)
     env.update(extra)
     return env
+
+
+def _without_block(argv: list[str]) -> list[str]:
+    """wait-ready runs under `env --block-signal=TERM` (generator/render.py)."""
+    return argv[2:] if argv[:2] == ["/usr/bin/env", "--block-signal=TERM"] else argv
 
 
 def test_venv_install_generates_units_that_call_its_cli(venv: Path, tmp_path: Path) -> None:
@@ -116,7 +122,7 @@ def test_venv_install_generates_units_that_call_its_cli(venv: Path, tmp_path: Pa
                                                      SYSTEMD_LOG_TARGET="console"))
     assert done.returncode == 0 and done.stderr == "", done.stderr
     unit = (out / "m.service").read_text()
-    hooks = [split_words(v.lstrip("+-"), exec_line=True)
+    hooks = [_without_block(split_words(v.lstrip("+-"), exec_line=True))
              for key in ("ExecStartPre", "ExecStartPost", "ExecStopPost")
              for v in values(unit, "Service", key)
              if "liveness-cap" not in v]     # the cap's /bin/sh line calls no CLI

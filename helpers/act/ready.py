@@ -14,6 +14,10 @@ from ...generator.urls import Url, parse_url
 from ..facts.probe import http_probe, local_address
 from ..records import dataclass
 
+# At the hook's start, while the server loads: imported at the first request
+# instead, its ~30 ms (json, ...) came between the port's first accept and
+# the first 2xx, on top of the ready lag (bench/ready_bench.py, strace).
+from .liveness import http_probe
 from .progress import Progress
 
 
@@ -101,14 +105,24 @@ def wait_ready(url: str, pid: int | None, timeout: float, interval: float,
         if not ready:
             raise StopRequested()
 
+    # The unit starts this hook with SIGTERM blocked (render(): env
+    # --block-signal; blocked here too when run otherwise): a stop that came
+    # before the handler was in place stays pending until the try below
+    # unblocks it, and is then a stop, even if the server it also reached is
+    # gone by now (a server that dies at SIGTERM while loading).
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+    gone = False
     if pid:
         try:
             pidfd = os.pidfd_open(pid)      # before the handler: a stop must find it
         except ProcessLookupError:
-            return ReadyResult(False, 0.0, f"server pid {pid} is not running", True)
+            gone = True
     previous = signal.signal(signal.SIGTERM, on_term)
     stopped = False
     try:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})   # a pending stop raises here
+        if gone:
+            return ReadyResult(False, 0.0, f"server pid {pid} is not running", True)
         poller = select.poll()
         if pidfd is not None:
             poller.register(pidfd, select.POLLIN)

@@ -11,13 +11,18 @@ by the metrics file.
 from __future__ import annotations
 
 import os
-from dataclasses import asdict, dataclass, replace
-from typing import Any
 
 from ...generator.settings import HEALTH_CHECKS
 from ..facts.gpus import Backend, Gpu
 from ..facts.health import (ACS_CTRL_CMPLT_REDIR, ACS_CTRL_REQ_REDIR, GpuFacts, Kernel,
                           KernelLog, acs_control, read_config, xids_of)
+from ..records import dataclass
+
+# Not dataclasses' asdict/replace, nor typing: pre-start judges health on
+# every start, and those imports cost ~15 ms of it (bench/restart_bench.py).
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
 
 OK, UNKNOWN, WARNING, ERROR = "ok", "unknown", "warning", "error"
 # Worst first; the metrics gauge's values (README "Metrics").
@@ -58,7 +63,8 @@ class Finding:
     uuid: str | None = None
 
     def as_json(self) -> dict[str, Any]:
-        return asdict(self)
+        return {"check": self.check, "level": self.level, "fact": self.fact, "fix": self.fix,
+                "source": self.source, "gpu": self.gpu, "uuid": self.uuid}
 
     @property
     def where(self) -> str:
@@ -208,7 +214,9 @@ def _judge_hmm(addressing: str | None, why: str, kernel: Kernel | None, why_no_k
     if addressing is not None:
         return out("hmm", OK, f"addressing mode {addressing}", key="addressing")
     if param == "Y":
-        return replace(out("hmm", OK, "HMM disabled (uvm_disable_hmm=Y)"), source=where)
+        found = out("hmm", OK, "HMM disabled (uvm_disable_hmm=Y)")
+        return Finding(found.check, found.level, found.fact, found.fix, where, found.gpu,
+                       found.uuid)
     reason = why or "addressing mode not read"
     if kernel is None:
         return out("hmm", UNKNOWN, f"{reason}; {why_no_kernel}")

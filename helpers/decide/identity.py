@@ -43,7 +43,7 @@ def unit_cgroup(unit: str) -> str | None:
     """The cgroup path of the system service `unit` (see the module's
     docstring); None when systemd says it has none (no process is in it)."""
     if unit not in _cgroups:
-        cgroup: str | None = _own_cgroup_if(unit)
+        cgroup: str | None = own_cgroup_if(unit)
         if cgroup is None and not _systemd_unreachable[0]:
             from ..facts.systemd import SystemdUnavailable, control_group
             try:
@@ -56,7 +56,7 @@ def unit_cgroup(unit: str) -> str | None:
     return _cgroups[unit]
 
 
-def _own_cgroup_if(unit: str) -> str | None:
+def own_cgroup_if(unit: str) -> str | None:
     """Our own cgroup when we are root and run as that unit's hook
     (ExecStartPre=, ExecStopPost= share the unit's cgroup): the kernel says
     so, and saves a D-Bus round trip on every start and stop.  A root

@@ -26,14 +26,18 @@ Sources:
 
 from __future__ import annotations
 
-import ctypes
 import errno
 import os
 import re
-from dataclasses import dataclass, field
-from typing import Any
 
 from ...generator.settings import normalize_pci
+from ..records import dataclass, field
+
+# typing, dataclasses and ctypes are not imported on pre-start's path: ~15 ms
+# of every restart (bench/restart_bench.py).
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
 
 HEALTHY: dict[str, Any] = {
     "xid": [], "remapped_rows": {"pending": False, "failure": False},
@@ -172,6 +176,7 @@ def _nvml_fabric(nvml: Any, handle: Any, call: Any) -> str | None:
     def ask() -> tuple[int, int]:
         if struct is None:
             raise AttributeError("no c_nvmlGpuFabricInfo_v2_t")
+        import ctypes            # pynvml has imported it already
         info = struct()          # its __init__ sets the version field
         nvml.nvmlDeviceGetGpuFabricInfoV(handle, ctypes.byref(info))
         return int(info.state), int(info.status)

@@ -1,6 +1,12 @@
 """The one module that talks to systemd (pystemd over D-Bus).  It decodes
 pystemd's bytes into str so nothing else sees them, and turns "no systemd
-here" into SystemdUnavailable."""
+here" into SystemdUnavailable.
+
+Two questions every start asks (act/startlimit.py) go through systemctl
+instead: importing pystemd costs more than both calls together (240-380 ms
+against ~31 ms, measured in a bookworm container under load), and they are
+on the path of every start.  They are here so that this module stays the
+only one that talks to systemd."""
 
 from __future__ import annotations
 
@@ -325,3 +331,39 @@ def daemon_reload() -> str | None:
         return str(e)
     except Exception as e:
         return f"Reload failed: {e}"
+
+
+# ------------------------------------------------------- systemctl, hot path
+
+SYSTEMCTL = ("/usr/bin/systemctl", "/bin/systemctl")
+# systemctl's own environment: nothing of the unit's [env] reaches it.
+_SYSTEMCTL_ENV = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LC_ALL": "C",
+                  "SYSTEMD_PAGER": "", "SYSTEMD_COLORS": "0"}
+
+
+def _systemctl(*args: str) -> str:
+    import subprocess
+    exe = next((p for p in SYSTEMCTL if os.access(p, os.X_OK)), None)
+    if exe is None:
+        raise SystemdUnavailable("no systemctl")
+    try:
+        done = subprocess.run([exe, *args], capture_output=True, text=True, timeout=10,
+                              env=_SYSTEMCTL_ENV)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        raise SystemdUnavailable(f"systemctl {args[0]}: {e}") from None
+    if done.returncode != 0:
+        raise SystemdUnavailable(f"systemctl {args[0]}: {done.stderr.strip() or done.returncode}")
+    return done.stdout
+
+
+def restarts_since_asked(name: str) -> int:
+    """systemd's NRestarts: automatic restarts since the last asked-for start."""
+    value = _systemctl("show", "--value", "--property=NRestarts", name).strip()
+    if not value.isdigit():
+        raise SystemdUnavailable(f"NRestarts of {name} reads {value!r}")
+    return int(value)
+
+
+def reset_failed(name: str) -> None:
+    """Clear the unit's failed state and its start-limit counter."""
+    _systemctl("reset-failed", name)

@@ -148,6 +148,9 @@ def pre_start(argv: list[str]) -> int:
         _refuse_without_restart(unit)
         return exitcodes.BLOCKED
     started = time.monotonic()
+    # StartLimitBurst= is for crash loops: a start someone asked for is not counted.
+    from ..act.startlimit import forgive_asked_start
+    forgive_asked_start(unit, _say)
     claims = None
     gpus: list[Gpu] = []
     if a.env_file:

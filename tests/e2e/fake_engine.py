@@ -38,8 +38,10 @@ under:
   fake-llama-server --model M --host H --port P
       llama.cpp: one process, listens at once, /health 503 "Loading model"
       until loaded; POST /v1/completions (and /completion) the same, then 200.
-  (vLLM's POST /v1/completions: 200 after FAKE_GENERATE_S; it never answers
-  while EngineCore is stopped (SIGSTOP), while /health still says 200.)
+  (vLLM's POST /v1/completions: 200 after FAKE_GENERATE_S, 404 for a model
+  name it does not serve (--served-model-name, else the model path; no name
+  is its model); it never answers while EngineCore is stopped (SIGSTOP),
+  while /health still says 200, as the real 0.32 did under the units.)
 
 Timings come from the environment (the model's [env]): FAKE_LOAD_S (1),
 FAKE_HEALTH_S (SGLang's 1 s sleep), FAKE_WARMUP_S (SGLang 0.5), FAKE_DRAIN_S
@@ -142,11 +144,21 @@ class Server:
     """An HTTP server on (host, port) whose GET answers come from `answer(path)`."""
 
     def __init__(self, host: str, port: int, answer, sock: socket.socket | None = None,
-                 post=None) -> None:
+                 post=None, post_json: bool = False) -> None:
         class Handler(http.server.BaseHTTPRequestHandler):
             def do_POST(self) -> None:  # noqa: N802
-                self.rfile.read(int(self.headers.get("Content-Length", 0)))
-                self._send(*(post(self.path) if post else (404, "")))
+                data = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+                if post is None:
+                    self._send(404, "")
+                elif not post_json:
+                    self._send(*post(self.path))
+                else:       # post(path, the JSON body): 400 for a body that is not JSON
+                    try:
+                        body = json.loads(data or b"{}")
+                    except ValueError:
+                        body = None
+                    self._send(*(post(self.path, body) if isinstance(body, dict)
+                                 else (400, {"error": {"message": "invalid JSON"}})))
 
             def do_GET(self) -> None:  # noqa: N802
                 self._send(*answer(self.path))
@@ -423,8 +435,10 @@ def vllm(argv: list[str]) -> int:
     p.add_argument("--master-addr", default="127.0.0.1")
     p.add_argument("--master-port", type=int, default=29501)
     p.add_argument("--headless", action="store_true")
+    p.add_argument("--served-model-name", nargs="+", default=None)
     group_args(p)
     args, _extra = p.parse_known_args(argv[1:])
+    served = args.served_model_name or [args.model]
     record(os.environ.get("FAKE_RECORD"))
     host = args.host or "0.0.0.0"
     if args.nnodes > 1 and args.node_rank > 0 and not args.headless:
@@ -488,15 +502,23 @@ def vllm(argv: list[str]) -> int:
             group.hang_if_lost()
         return 200, ""       # a flag: 200 even while EngineCore is wedged (vllm#36960)
 
-    def complete(path: str):
+    def complete(path: str, body: dict):
         if path != "/v1/completions":
             return 404, {"detail": "Not Found"}
+        # The real server (0.32, run under the units): 404 for a name it does
+        # not serve; no name, or an empty one, is its model.
+        name = body.get("model")
+        if name and name not in served:
+            return 404, {"error": {"message": f"The model `{name}` does not exist.",
+                                   "type": "NotFoundError", "param": "model", "code": 404}}
         while _stopped(engine_core):     # EngineCore SIGSTOPped: the token never comes
             time.sleep(0.1)
         time.sleep(env_float("FAKE_GENERATE_S", 0.0))
-        return 200, {"object": "text_completion", "choices": [{"text": "1"}]}
+        return 200, {"object": "text_completion", "model": name or served[0],
+                     "choices": [{"index": 0, "text": "1", "finish_reason": "length"}],
+                     "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}}
 
-    Server(host, args.port, health, sock=sock, post=complete)
+    Server(host, args.port, health, sock=sock, post=complete, post_json=True)
     say("vllm", f"API server on {host}:{args.port}, tp {args.tensor_parallel_size}, "
         f"custom all-reduce {'off' if args.disable_custom_all_reduce else 'on'}")
     stop.wait()

@@ -276,3 +276,15 @@ def generate(c: Container, port: int, model: str, prompt: str = "Hello") -> dict
                "data=sys.argv[1].encode(), headers={\"Content-Type\": \"application/json\"}), timeout=60); "
                f"print(r.read().decode())' '{body}'").stdout
     return json.loads(out)
+
+
+def completion_status(c: Container, port: int, body: dict) -> int:
+    """The HTTP status of one POST /v1/completions with `body`."""
+    out = c.sh("python3 -c 'import sys, urllib.request, urllib.error\n"
+               "try:\n"
+               f" r = urllib.request.urlopen(urllib.request.Request(\"http://127.0.0.1:{port}/v1/completions\", "
+               "data=sys.argv[1].encode(), headers={\"Content-Type\": \"application/json\"}), timeout=60)\n"
+               " print(r.status)\n"
+               "except urllib.error.HTTPError as e:\n"
+               " print(e.code)' " + "'" + json.dumps(body) + "'").stdout
+    return int(out.strip())

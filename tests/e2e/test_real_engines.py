@@ -6,12 +6,13 @@ suite).  Each suite's container installs the .deb with apt and the engines' OS
 packages; the model files are written as an operator writes them.
 
 Cost on this 2-core machine with warm caches: a vLLM start is ~40 s idle, a
-few minutes under load, about seven of them a suite.  Cold caches: the first
+few minutes under load, about nine of them a suite.  Cold caches: the first
 test builds them (~20 min).  INFER_UNITS_REAL_ENGINES=0 skips the file.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from pathlib import Path
@@ -19,8 +20,9 @@ from pathlib import Path
 import pytest
 
 from .container import suites
-from .real_engines import (LOAD_TIMEOUT, RealBox, engine_core, engine_paths, first_2xx, generate,
-                          main_pid, monotonic, props, start_poller, state, unit_pids, wait_for)
+from .real_engines import (LOAD_TIMEOUT, RealBox, completion_status, engine_core, engine_paths,
+                           first_2xx, generate, main_pid, monotonic, props, start_poller, state,
+                           unit_pids, wait_for)
 
 pytestmark = [pytest.mark.e2e, pytest.mark.skipif(
     os.environ.get("INFER_UNITS_REAL_ENGINES", "1") == "0",
@@ -181,6 +183,91 @@ def test_vllm_engine_core_death_is_restarted(real: RealBox) -> None:
                                                "ExecMainStatus"), journal(real, VL)[-3000:])
     assert int(props(c, f"{VL}.service", "NRestarts")["NRestarts"]) == before + 1
     stopped(real, VL)
+
+
+# vLLM under the generation probe, its default ([liveness] probe = "generate"):
+# /health reads a flag (vllm#36960), a one-token completion needs EngineCore.
+VL_LIVE, VL_LIVE_PORT = "vl-live", 8002
+LIVE = 'interval = "1s"\nfailures = 2\ntimeout = "10s"'
+
+
+def _live(real: RealBox) -> None:
+    c = real.c
+    if not c.sh(f"test -e /etc/infer-units/{VL_LIVE}.toml", check=False).returncode == 0:
+        real.add(VL_LIVE, real.vllm_toml(VL_LIVE_PORT, [3], liveness=LIVE))
+    if state(c, VL_LIVE) != "active":
+        stopped(real, VL_LIVE)
+        c.sh(f"systemctl start {VL_LIVE}", timeout=LOAD_TIMEOUT + 60)
+    assert state(c, VL_LIVE) == "active", journal(real, VL_LIVE)[-3000:]
+
+
+def _probe_state(real: RealBox) -> dict:
+    done = real.c.sh(f"cat /run/infer-units/{VL_LIVE}.liveness.json", check=False)
+    return json.loads(done.stdout) if done.returncode == 0 and done.stdout.strip() else {}
+
+
+def test_vllm_slow_but_working_is_not_restarted_by_liveness(real: RealBox) -> None:
+    """EngineCore stopped 2 s of every 2.5 s: every one-token generation is
+    slow (longer than the probe interval) but comes within the timeout."""
+    c = real.c
+    _live(real)
+    pid, core = main_pid(c, VL_LIVE), engine_core(c, VL_LIVE)
+    assert core, unit_pids(c, VL_LIVE)
+    c.sh("systemctl stop iu-slow 2>/dev/null; systemctl reset-failed iu-slow 2>/dev/null; "
+         f"systemd-run --quiet --unit=iu-slow /bin/sh -c 'trap \"kill -CONT {core}; exit\" TERM; "
+         f"while kill -STOP {core}; do sleep 2; kill -CONT {core}; sleep 0.5; done'")
+    seen: dict[float, dict] = {}
+
+    def enough_probes() -> bool:
+        last = _probe_state(real).get("last_probe")
+        if last:
+            seen[last["time"]] = last
+        return len(seen) >= 8 and max(p["seconds"] for p in seen.values()) >= 1.0
+    try:
+        assert wait_for(enough_probes, 300, step=0.5), seen
+    finally:
+        c.sh("systemctl stop iu-slow", check=False)
+        c.sh(f"kill -CONT {core}", check=False)
+    assert all(p["ok"] for p in seen.values()), seen
+    assert main_pid(c, VL_LIVE) == pid and state(c, VL_LIVE) == "active"
+    assert props(c, f"{VL_LIVE}.service", "NRestarts")["NRestarts"] == "0"
+    assert "liveness: restarting" not in journal(real, VL_LIVE)
+    assert int(_probe_state(real).get("restarts_total", 0)) == 0
+    print("slow generations passed:", sorted(round(p["seconds"], 2) for p in seen.values()))
+
+
+def test_vllm_completions_answer_only_for_the_served_model(real: RealBox) -> None:
+    """What the generation probe must send: the real server answers 404 for a
+    name it does not serve, and serves its model when the name is left out."""
+    c = real.c
+    _live(real)
+    served = real.paths["hf_model"]
+    one = {"prompt": "1", "max_tokens": 1, "temperature": 0}
+    assert completion_status(c, VL_LIVE_PORT, {**one, "model": served}) == 200
+    assert completion_status(c, VL_LIVE_PORT, {**one, "model": "not-served"}) == 404
+    assert completion_status(c, VL_LIVE_PORT, one) == 200
+
+
+def test_vllm_stopped_engine_core_with_health_200_is_restarted_by_liveness(real: RealBox) -> None:
+    c = real.c
+    _live(real)
+    pid, core = main_pid(c, VL_LIVE), engine_core(c, VL_LIVE)
+    assert core, unit_pids(c, VL_LIVE)
+    c.sh(f"kill -STOP {core}")
+    # The API server's /health still says 200 with its engine stopped ...
+    health = c.sh("python3 -c 'import urllib.request; print(urllib.request.urlopen("
+                  f"\"http://127.0.0.1:{VL_LIVE_PORT}/health\", timeout=5).status)'",
+                  check=False)
+    # ... and the generation probe restarts it through systemd.
+    assert wait_for(lambda: main_pid(c, VL_LIVE) not in (0, pid)
+                    and state(c, VL_LIVE) == "active", LOAD_TIMEOUT + 60), \
+        (props(c, f"{VL_LIVE}.service", "ActiveState", "MainPID", "NRestarts"),
+         journal(real, VL_LIVE)[-3000:])
+    log = journal(real, VL_LIVE)
+    assert f"liveness: restarting {VL_LIVE}.service: 2 one-token generations in a row failed" \
+        in log, log[-3000:]
+    assert health.stdout.strip() == "200", (health.stdout, health.stderr)
+    stopped(real, VL_LIVE)
 
 
 def test_two_engines_side_by_side_then_drain_and_resume(real: RealBox) -> None:

@@ -27,7 +27,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))      # the tests are a package
 
 from tests.e2e.container import Container, available  # noqa: E402
-from tests.e2e.e2e_support import FAKE_TABLE, fake_gpu_table, model_toml  # noqa: E402
+from tests.e2e.e2e_support import FAKE_TABLE, install_fake_gpus, model_toml  # noqa: E402
 
 BASELINE = f"""[Unit]
 Description=baseline: the same fake server without infer-units hooks
@@ -69,8 +69,7 @@ def main() -> int:
         box.boot()
         box.write("/usr/local/bin/fake-engine", (ROOT / "tests/e2e/fake_engine.py").read_text(),
                   mode=0o755)
-        box.write(FAKE_TABLE, fake_gpu_table())
-        box.sh("mkdir -p /var/lib/fakegpu && for i in 0 1 2 3 4 5; do : > /var/lib/fakegpu/nvidia$i; done")
+        install_fake_gpus(box)     # the table, its files and the hooks' test marker
         box.install_deb(Path(deb))
         box.write("/etc/infer-units/hooked.toml", model_toml("hooked", [0, 1], 18501, load=0.5)
                   .replace('interval = "100ms"', 'interval = "1s"')

@@ -25,6 +25,13 @@ class Loaded:
         self.models: list[Model] = []
         self.errors = errors                          # per file: no unit
         self.conflicts: list[ConfigError] = []        # across files
+        self.missing: list[str] = []                  # names asked for, no file at all
+
+    def missing_errors(self, dirs: list[str] | None = None) -> list[ConfigError]:
+        """One error per name asked for that has no file."""
+        where = ":".join(search_path() if dirs is None else dirs)
+        return [ConfigError(name, None, f"no model file named {name}.toml on the search "
+                            f"path ({where})") for name in self.missing]
 
 
 def as_config_error(path: str, e: BaseException) -> ConfigError:
@@ -84,6 +91,9 @@ def load_all(names: list[str] | None = None, dirs: list[str] | None = None) -> L
     except Exception as e:          # noqa: BLE001
         loaded.conflicts = [as_config_error("(overlap check)", e)]
     if names:
+        # A name with no file at all: `check`, `render`, `status` say so and fail.
+        loaded.missing = sorted(wanted - set(found)
+                                - {e.model or _name_of(e.path) for e in errors})
         loaded.models = [m for m in loaded.models if m.name in wanted]
         loaded.errors = [e for e in loaded.errors
                          if (e.model or _name_of(e.path)) in wanted]

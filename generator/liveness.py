@@ -83,13 +83,19 @@ def build_liveness(values: dict[str, Any], merged: MergedConfig,
     if probe == "generate" and values["engine"] == "command":
         fail("liveness.probe", '"generate" needs an engine with an OpenAI-compatible API, '
              'not engine = "command"')
-    longest = max((probe_name(merged.name), timer_name(merged.name),
-                   group_watch_name(merged.name)), key=len)
+    # The longest names of its own: the template units' instances, the
+    # drop-in directories the generator may write for them (NAME.service.d),
+    # and the probe's state NAME.liveness.json through its temporary name.
+    from .loader import TEMP_EXTRA
+    longest = max((probe_name(merged.name) + ".d", timer_name(merged.name) + ".d",
+                   group_watch_name(merged.name),
+                   "x" * TEMP_EXTRA + merged.name + ".liveness.json"), key=len)
     if len(longest) > UNIT_NAME_MAX:
+        limit = UNIT_NAME_MAX - max(len(probe_name("")) + 2, TEMP_EXTRA + len(".liveness.json"))
         fail("liveness.interval", f"the model's name is too long for its liveness units "
-             f"({longest[:40]}... would be {len(longest)} characters, "
-             f"systemd allows {UNIT_NAME_MAX}): shorten the name, or turn liveness off "
-             '(interval = "0")')
+             f"and state (names of up to {len(longest)} characters, file and unit names "
+             f"allow {UNIT_NAME_MAX}; at most {limit} with liveness): shorten the name, "
+             'or turn liveness off (interval = "0")')
     return Liveness(interval, values["liveness.failures"], timeout,
                     values["liveness.max-restarts"], values["liveness.restart-window"], probe)
 

@@ -31,7 +31,16 @@ DEFAULTS_NAME = "defaults"
 # `systemd-analyze verify` and the helpers' NAME arguments, '\' is for escaped
 # paths, and '@' makes a template: model names keep to these.
 _NAME_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_.-")
-_NAME_MAX = 240        # UNIT_NAME_MAX is 255 with ".service"
+# Every file is written through a temporary ".NAME.<12 hex>.tmp" beside it
+# (atomicfile.py), and file names are at most 255 bytes.  The longest file
+# named after every model is the hooks' metrics state NAME.service.json
+# (act/metrics.py), so 255 - 18 - 13 = 224; the unit, NAME.env, `edit`'s
+# NAME.toml.d/ and the generator's temporaries fit below that.  A model with
+# [liveness] has a lower limit of its own (liveness.py).
+FILE_NAME_MAX = 255
+TEMP_EXTRA = len("." + "." + "0" * 12 + ".tmp")        # atomicfile.py's temporary names
+LONGEST_SUFFIX = len(".service.json")
+NAME_MAX = FILE_NAME_MAX - TEMP_EXTRA - LONGEST_SUFFIX
 # Model files are a few hundred bytes; this bounds memory and parse time for
 # a file that is not one (a log, an image, /dev/zero behind a symlink): the
 # worst 1 MiB file takes well under a second to refuse.
@@ -362,8 +371,10 @@ def _name_problem(name: str) -> str | None:
         return "only letters, digits, '_', '.' and '-' are allowed"
     if name[0] in "-.":
         return "must start with a letter, a digit or '_'"
-    if len(name) > _NAME_MAX:
-        return f"longer than {_NAME_MAX} characters"
+    if len(name) > NAME_MAX:
+        return (f"{len(name)} characters, more than {NAME_MAX}: the files named after it "
+                f"(the unit, its state and their temporary files) must fit in "
+                f"{FILE_NAME_MAX}-byte file names")
     return None
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from .durations import MAX_SECONDS
 from .engines import ENGINE_SPECS, TEARDOWN_S, env_name, flag_value
 from .errors import ConfigError
 from .liveness import Liveness, build_liveness
@@ -203,23 +204,39 @@ def _given(v: dict[str, Any], spec: Any, flag: str) -> str | None:
     return given
 
 
+def _drain_seconds(v: dict[str, Any], spec: Any, merged: MergedConfig) -> float | None:
+    """The drain window the user's args (or, for TGI, its [env]) ask the
+    server for: whole seconds, as vLLM (int) and TGI (u64) read them; any
+    other value (nan, inf, -1, 1e20, 10s) is refused by name, never turned
+    into a TimeoutStopSec= systemd would ignore."""
+    if not spec.drain_flag:
+        return None
+    given = flag_value(v["args"], spec.drain_flag)
+    key = "args"
+    if given is None and spec.flags_from_env:
+        key = f"env.{env_name(spec.drain_flag)}"
+        given = v["env"].get(env_name(spec.drain_flag))
+    if given is None:
+        return None
+    if not (given.isascii() and given.isdigit()) or len(given) > 12 \
+            or int(given) * spec.drain_rounds + TEARDOWN_S > MAX_SECONDS:
+        raise ConfigError(merged.file_of(key), key,
+                          f"{spec.drain_flag} {show(given)}: expected whole seconds, "
+                          f"0 to {int((MAX_SECONDS - TEARDOWN_S) // spec.drain_rounds)}")
+    return float(int(given))
+
+
 def _stop_timeout(v: dict[str, Any], spec: Any, merged: MergedConfig) -> float:
     """[stop] timeout, or the engine's default; never shorter than the drain
     the user's args ask the server for (vLLM --shutdown-timeout N)."""
-    drain = _given(v, spec, spec.drain_flag) if spec.drain_flag else None
-    seconds = None
-    if drain is not None:
-        try:
-            seconds = float(drain) if drain.isascii() else None
-        except ValueError:
-            pass
+    seconds = _drain_seconds(v, spec, merged)
     if v["stop.timeout"] is None:
         return spec.stop_timeout if seconds is None else \
             seconds * spec.drain_rounds + TEARDOWN_S
     if seconds is not None and v["stop.timeout"] < seconds * spec.drain_rounds:
         raise ConfigError(merged.file_of("stop.timeout"), "stop.timeout",
                           f"{v['stop.timeout']:g}s is shorter than the server's own "
-                          f"{spec.drain_flag} {drain}"
+                          f"{spec.drain_flag} {seconds:g}"
                           + (f" (x{spec.drain_rounds}: router, then shards)"
                              if spec.drain_rounds > 1 else "")
                           + ": systemd would kill it draining")
@@ -303,8 +320,6 @@ def _cross_check(v: dict[str, Any], merged: MergedConfig) -> None:
                   "uuid" if isinstance(g, str) else "index") for g in gpus}
         if len(kinds) > 1:
             fail("gpus", "mixes indexes, UUIDs and PCI bus ids; use one kind")
-    if v["ready.url"] is not None and not v["ready.url"].startswith(("http://", "https://")):
-        fail("ready.url", "must start with http:// or https://")
     for key, instead in (("TimeoutStopSec", "[stop] timeout"),
                          ("TimeoutStartSec", "[ready] timeout")):
         if key in v["service"]:

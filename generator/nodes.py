@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 
 from .errors import ConfigError
+from .urls import bracketed, check_host, parse_host_port
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -50,8 +51,7 @@ class Nodes:
 
     @property
     def addr(self) -> str:
-        host = f"[{self.addr_host}]" if ":" in self.addr_host else self.addr_host
-        return f"{host}:{self.addr_port}"
+        return f"{bracketed(self.addr_host)}:{self.addr_port}"
 
 
 def this_host() -> str:
@@ -60,15 +60,8 @@ def this_host() -> str:
 
 
 def _split_addr(text: str) -> tuple[str, int]:
-    host, sep, port = text.rpartition(":")
-    if not sep or not host or not (port.isascii() and port.isdigit()):
-        raise ValueError(f"{text!r} is not host:port")
-    if host.startswith("[") and host.endswith("]"):
-        host = host[1:-1]
-    number = int(port)
-    if not 1 <= number <= 65535:
-        raise ValueError(f"port {number} is outside 1..65535")
-    return host, number
+    """host:port or [v6]:port, read as the hooks read it (urls.py)."""
+    return parse_host_port(text)
 
 
 def build_nodes(v: dict[str, Any], merged: MergedConfig, health_path: str) -> Nodes | None:
@@ -109,10 +102,7 @@ def build_nodes(v: dict[str, Any], merged: MergedConfig, health_path: str) -> No
         if v["host"] in _LOOPBACK:
             fail("host", f"[nodes]: the head must answer health to the other hosts, but it "
                  f"binds {v['host']}; set host (e.g. \"0.0.0.0\") or [nodes] head-url")
-        host = f"[{addr_host}]" if ":" in addr_host else addr_host
-        head_url = f"http://{host}:{v['port']}{health_path}"
-    elif not head_url.startswith(("http://", "https://")):
-        fail("nodes.head-url", "must start with http:// or https://")
+        head_url = f"http://{bracketed(addr_host)}:{v['port']}{health_path}"
     assert rank is not None
     return Nodes(tuple(hosts), rank, addr_host, addr_port, head_url)
 
@@ -139,8 +129,7 @@ def check_hosts(value: Any) -> list[str]:
     if not isinstance(value, list) or not all(isinstance(h, str) for h in value):
         raise ValueError("expected an array of host names")
     for host in value:
-        if not host or not all(c.isascii() and (c.isalnum() or c in ".-_:") for c in host):
-            raise ValueError(f"{host!r} is not a host name or address")
+        check_host(host)
     return list(value)
 
 

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from .durations import parse_duration
 from .nodes import check_addr, check_hosts, check_rank
+from .urls import check_host as urls_check_host
+from .urls import parse_url
 
 # typing and dataclasses cost more than the generator's whole budget to import
 # (bench/generator_bench.py): names for the type checker only.
@@ -123,25 +125,28 @@ def check_operand(value: Any) -> str:
     return value
 
 
-def check_word(value: Any) -> str:
-    """A host or URL: one word, no control characters, not a flag."""
-    value = check_operand(value)
-    if " " in value or "\t" in value:
-        raise ValueError(f"{show(value)} contains whitespace")
-    return value
-
-
 def check_url(value: Any) -> str:
-    value = check_word(value)
-    if not value.startswith(("http://", "https://")):
-        raise ValueError("must start with http:// or https://")
+    """A health URL, read as every hook reads it (urls.py)."""
+    parse_url(check_str(value))
     return value
+
+
+def check_host(value: Any) -> str:
+    """The address the server binds: a name or an IP address, no port (urls.py)."""
+    return urls_check_host(check_str(value))
 
 
 def check_program(value: Any) -> str:
     """The first word of an Exec line: an absolute, normalized path, or a bare
     name systemd looks up in its PATH (what `systemd-analyze verify` accepts)."""
     value = no_control(check_nonempty_str(value))
+    for ch in value:
+        if ch != " " and (ch.isspace() or not ch.isprintable()):
+            # systemd's string_is_safe() refuses every control character (a tab
+            # too: "Executable name contains special characters"), and other
+            # whitespace in a program's name is a typo nobody can see.
+            raise ValueError(f"{show(value)} contains {ch!r}, which systemd refuses in the "
+                             "name of the program it runs")
     if "$" in value:
         # systemd expands $VAR in argv[0] but not in the path it executes:
         # no quoting makes both right ("$$" is "$" in one, "$$" in the other).
@@ -495,7 +500,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("gpus", check_gpus, None,
             'GPUs: indexes (PCI-bus order, as nvidia-smi), "GPU-<uuid>", PCI bus ids, or "all".'),
     Setting("port", check_port, None, "TCP port the server listens on."),
-    Setting("host", check_word, "127.0.0.1", "Address the server binds."),
+    Setting("host", check_host, "127.0.0.1", "Address the server binds."),
     Setting("tensor-parallel", check_positive_int, None,
             "Tensor-parallel size; default: the number of GPUs."),
     Setting("args", check_str_list, [], "Extra argv for the server, passed verbatim.",
@@ -540,7 +545,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("nodes.rank", check_rank, None,
             "This host's rank; default: its name's position in hosts (set it in a host-local "
             "drop-in).", attr=DERIVED),
-    Setting("nodes.head-url", check_nonempty_str, None,
+    Setting("nodes.head-url", check_url, None,
             "Where the other hosts probe the group's health; default: http://<addr host>:<port>"
             "<health path>.", attr=DERIVED),
     Setting("unit", lambda v: check_section(v, "unit"), {}, "Raw [Unit] directives.",

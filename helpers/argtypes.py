@@ -50,16 +50,25 @@ def pid(text: str) -> int:
 
 
 def http_url(text: str) -> str:
+    """A health URL, read by the generator's one parser (generator/urls.py)."""
+    from ..generator.urls import parse_url
     try:
-        import urllib.parse      # lazily: only wait-ready takes a URL
-        parts = urllib.parse.urlsplit(text)
-        parts.port          # raises ValueError for a bad port
+        parse_url(text)
     except ValueError as e:
-        raise ValueError(f"bad URL {text!r}: {e}") from None
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise ValueError(f"bad URL {text!r}: expected http://HOST[:PORT]/PATH")
-    if any(ord(c) < 0x21 or ord(c) == 0x7F for c in text):
-        raise ValueError(f"bad URL {text!r}: spaces or control characters")
+        raise ValueError(f"bad URL: {e}") from None
+    return text
+
+
+def host(text: str) -> str:
+    """A host name or IP address, no port (the model's `host`)."""
+    from ..generator.urls import check_host
+    return check_host(text)
+
+
+def host_port(text: str) -> str:
+    """HOST:PORT or [IPv6]:PORT ([nodes] addr)."""
+    from ..generator.urls import parse_host_port
+    parse_host_port(text)
     return text
 
 

@@ -12,9 +12,16 @@ import sys
 from .commands import HOOKS
 
 
-def _run() -> None:
+def _run(scrub_hooks: bool) -> None:
     argv = sys.argv[1:]
     if argv and argv[0] in HOOKS:        # the unit hooks: argparse, no click
+        from . import hookenv
+        if scrub_hooks:
+            # Root hooks never run with the server's environment (hookenv.py),
+            # before anything else is imported.
+            hookenv.scrub()
+        else:
+            hookenv.trust_caller()
         from .hooks.unit import run
         code = run(argv)
         # Then straight out: the interpreter's teardown of ~70 modules is
@@ -28,9 +35,12 @@ def _run() -> None:
     cli_main()
 
 
-def main() -> None:
+def main(scrub_hooks: bool = True) -> None:
+    """The installed CLI (the .deb's launcher, a console script): what units
+    run.  scrub_hooks=False only for `python3 -m infer_units`, the tests'
+    and a developer's invocation, which no unit runs."""
     try:
-        _run()
+        _run(scrub_hooks)
     except (SystemExit, KeyboardInterrupt):
         raise
     except BaseException as e:  # noqa: BLE001  (the last line of defence)

@@ -4,6 +4,7 @@ and an editor that is a script (as $EDITOR is for systemctl edit)."""
 from __future__ import annotations
 
 import json
+import os
 import tomllib
 from pathlib import Path
 
@@ -149,3 +150,90 @@ def test_model_names_complete_in_bash(conf: Path) -> None:
         done = run_cli(env=env(conf) | {"COMP_WORDS": f"infer-units {command} q", "COMP_CWORD": "2",
                                         "_INFER_UNITS_COMPLETE": "bash_complete"})
         assert done.stdout.split() == ["plain,q", "plain,qq"], done.stderr
+
+
+def test_a_refused_edit_keeps_what_was_typed(conf: Path) -> None:
+    """Issue 19 #15: what the operator typed survives a refusal, in a file the
+    error names, and `edit --from` starts from it."""
+    target = conf / "etc/q.toml.d/override.toml"
+    typed = 'gpus = "zero"\n[env]\nMINE = "typed by hand"\n'
+    done = run_cli("edit", "q", "--no-reload", env=env(conf, "prepend", typed), check=1)
+    assert not target.exists()
+    kept = Path(done.stderr.split("what you typed is in ", 1)[1].split()[0])
+    try:
+        assert kept.read_text().startswith(typed)
+        assert "### Lines from here on are ignored" not in kept.read_text()
+        assert kept.stat().st_mode & 0o777 == 0o600
+        assert f"infer-units edit q --from {kept}" in done.stderr
+        # fixed from where it was left: the editor is given the refused text
+        fixed = 'gpus = [0]\n[env]\nMINE = "typed by hand"\n'
+        done = run_cli("edit", "q", "--no-reload", "--from", str(kept),
+                       env=env(conf, "replace", fixed), check=0)
+        assert (conf / "seen.txt").read_text().startswith(typed)
+        assert target.read_text() == fixed and f"wrote {target}" in done.stderr
+        assert not kept.exists()            # in place now
+    finally:
+        kept.unlink(missing_ok=True)
+
+
+def test_edit_opens_a_model_whose_override_is_broken(conf: Path) -> None:
+    target = conf / "etc/q.toml.d/override.toml"
+    target.write_text("port = \n")                     # invalid TOML: the model does not load
+    run_cli("cat", "q", env=env(conf), check=1)
+    done = run_cli("edit", "q", "--no-reload", env=env(conf, "replace", "port = 8001\n"), check=0)
+    assert target.read_text() == "port = 8001\n" and f"wrote {target}" in done.stderr
+    seen = (conf / "seen.txt").read_text()
+    assert seen.startswith("port = \n") and "q does not load now" in seen
+    assert "invalid TOML" in seen
+
+
+SECOND_TRY = '''import os, sys
+path = sys.argv[1]
+text = open(path).read()
+calls = os.environ["EDIT_SEEN"]
+n = len([p for p in os.listdir(os.path.dirname(calls)) if p.startswith("seen-")])
+with open(f"{calls}-{n}", "w") as f:
+    f.write(text)
+# first: a typo; then (the editor opened again with it): fix the typo only
+text = 'gpus = "zero"\\n' + text if n == 0 else text.replace('gpus = "zero"', "gpus = [1]")
+open(path, "w").write(text)
+'''
+
+
+def test_a_refused_edit_on_a_terminal_opens_the_editor_again(conf: Path) -> None:
+    import pty
+    import select
+    import subprocess
+    (conf / "second.py").write_text(SECOND_TRY)
+    seen = conf / "calls" / "seen"
+    seen.parent.mkdir()
+    environment = env(conf) | {"EDITOR": f"{PYTHON} {conf}/second.py", "EDIT_SEEN": str(seen)}
+    master, slave = pty.openpty()
+    proc = subprocess.Popen([PYTHON, "-m", "infer_units", "edit", "q", "--no-reload"],
+                            stdin=slave, stdout=slave, stderr=slave, env=environment)
+    os.close(slave)
+    out = b""
+    try:
+        while b"edit again?" not in out:
+            # a guard against a hang only: the prompt comes as soon as the edit is refused
+            assert select.select([master], [], [], 120)[0], out
+            chunk = os.read(master, 4096)
+            assert chunk, out
+            out += chunk
+        os.write(master, b"y\n")
+        try:
+            while chunk := os.read(master, 4096):
+                out += chunk
+        except OSError:         # EIO: the other side closed
+            pass
+        assert proc.wait(timeout=60) == 0, out
+    finally:
+        proc.kill()
+        proc.wait()
+        os.close(master)
+    again = (seen.parent / "seen-1").read_text()
+    # the typed text, under the reasons it was refused
+    assert again.startswith("#! infer-units: ") and "gpus" in again.splitlines()[0]
+    assert 'gpus = "zero"' in again
+    target = conf / "etc/q.toml.d/override.toml"
+    assert target.read_text().startswith("gpus = [1]\n") and "#! infer-units" not in target.read_text()

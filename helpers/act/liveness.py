@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import sys
 import time
 
@@ -24,6 +23,7 @@ from ...generator.atomicfile import read_text, write_file
 from ...generator.durations import format_seconds
 from ...generator.liveness import cap_marker, state_dir
 from ...generator.log import JOURNAL_SOCKET, journal_send, say
+from ..facts.probe import Answer, http_probe  # re-exported: the one probe
 from ..facts.systemd import ModelState
 
 TYPE_CHECKING = False
@@ -44,103 +44,7 @@ def state_path(unit: str, directory: str | None = None) -> str:
 
 # ------------------------------------------------------------------ the probe
 
-class Answer:
-    __slots__ = ("ok", "text", "seconds")
-
-    def __init__(self, ok: bool, text: str, seconds: float) -> None:
-        self.ok = ok            # a 2xx status line within the timeout
-        self.text = text        # "HTTP 200", "HTTP 503", "no answer within 10s", ...
-        self.seconds = seconds
-
-
-def _split_url(url: str) -> tuple[str, str, int, str]:
-    scheme, sep, rest = url.partition("://")
-    if not sep or scheme not in ("http", "https"):
-        raise ValueError(f"{url}: not an http:// or https:// URL")
-    authority, slash, path = rest.partition("/")
-    path = slash + path or "/"
-    if authority.startswith("["):
-        host, _, port_text = authority[1:].partition("]")
-        port_text = port_text.removeprefix(":")
-    else:
-        host, _, port_text = authority.rpartition(":") if ":" in authority else (authority, "", "")
-    port = int(port_text) if port_text else (443 if scheme == "https" else 80)
-    return scheme, host, port, path
-
-
-def http_probe(url: str, timeout: float, body: str | None = None) -> Answer:
-    """GET url (POST `body`, JSON, when given: the one-token completion of
-    [liveness] probe = "generate"); healthy is a 2xx status line within
-    `timeout` (the body is not read: SGLang's /health sends its status only
-    after generating a token).  Plain sockets: http.client alone costs more
-    than the rest of a probe."""
-    started = time.monotonic()
-    deadline = started + timeout
-
-    def left() -> float:
-        remaining = deadline - time.monotonic()
-        if remaining <= 0:
-            raise socket.timeout()
-        return remaining
-
-    try:
-        scheme, host, port, path = _split_url(url)
-        if scheme == "https":
-            return _urllib_probe(url, timeout, timeout, started, body)
-        with socket.create_connection((host, port), timeout=left()) as sock:
-            hostport = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-            sock.settimeout(left())
-            payload = body.encode("utf-8") if body is not None else b""
-            extra = (f"Content-Type: application/json\r\nContent-Length: {len(payload)}\r\n"
-                     if body is not None else "")
-            sock.sendall(f"{'POST' if body is not None else 'GET'} {path} HTTP/1.1\r\n"
-                         f"Host: {hostport}\r\nUser-Agent: infer-units-liveness\r\n"
-                         f"Accept: */*\r\n{extra}Connection: close\r\n\r\n"
-                         .encode("latin-1") + payload)
-            data = b""
-            while b"\r\n" not in data and len(data) < 4096:
-                sock.settimeout(left())
-                chunk = sock.recv(4096)
-                if not chunk:
-                    break
-                data += chunk
-        seconds = time.monotonic() - started
-        words = data.split(b"\r\n", 1)[0].split()
-        if len(words) < 2 or not words[0].startswith(b"HTTP/") or not words[1].isdigit():
-            what = "closed the connection without an answer" if not data else "not HTTP"
-            return Answer(False, what, seconds)
-        code = int(words[1])
-        if 300 <= code < 400:
-            # Judged after redirects, as readiness (urllib) judged it: a URL
-            # that passed wait-ready must not fail here for its redirect.
-            return _urllib_probe(url, left(), timeout, started, body)
-        return Answer(200 <= code < 300, f"HTTP {code}", seconds)
-    except socket.timeout:
-        return Answer(False, f"no answer within {timeout:g}s", time.monotonic() - started)
-    except ValueError as e:
-        return Answer(False, str(e), time.monotonic() - started)
-    except OSError as e:
-        return Answer(False, e.strerror or str(e), time.monotonic() - started)
-
-
-def _urllib_probe(url: str, left: float, timeout: float, started: float,
-                  body: str | None = None) -> Answer:
-    """https, and redirects: urllib (slower to import)."""
-    import urllib.error
-    import urllib.request
-    request = urllib.request.Request(url) if body is None else urllib.request.Request(
-        url, data=body.encode("utf-8"), headers={"Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(request, timeout=left) as response:
-            code = response.status
-    except urllib.error.HTTPError as e:
-        code = e.code
-    except (urllib.error.URLError, OSError) as e:
-        reason = getattr(e, "reason", e)
-        if isinstance(reason, socket.timeout) or "timed out" in str(reason):
-            return Answer(False, f"no answer within {timeout:g}s", time.monotonic() - started)
-        return Answer(False, str(reason), time.monotonic() - started)
-    return Answer(200 <= code < 300, f"HTTP {code}", time.monotonic() - started)
+# The probe itself is facts/probe.py's (readiness uses the same one).
 
 
 # ------------------------------------------------------------------ state
@@ -332,8 +236,8 @@ def generation_probe(m: Any) -> tuple[str, str] | None:
     health = health_url(m)
     if health is None or m.port is None:
         return None
-    scheme, _, rest = health.partition("://")
-    url = f"{scheme}://{rest.split('/', 1)[0]}/v1/completions"
+    from ...generator.urls import parse_url
+    url = parse_url(health).with_target("/v1/completions").text()
     spec = ENGINE_SPECS[m.engine]
     name = (flag_value(m.args, spec.model_name_flag) if spec.model_name_flag else None) \
         or m.model or ""
@@ -362,8 +266,8 @@ def config_of_model(name: str) -> tuple[Config, dict[str, str]]:
     live = model.liveness
     if live is None or url is None:
         raise ValueError(f"{path}: liveness is off (no health URL, or [liveness] interval = \"0\")")
-    env = {k: v for k, v in model.env.items()
-           if k.startswith("INFER_UNITS_") and k != "INFER_UNITS_FAKE_GPUS"}
+    from ..hookenv import hook_settings     # the rule the hooks' environment follows
+    env = {k: v for k, v in hook_settings(model.env).items() if k != "INFER_UNITS_FAKE_GPUS"}
     generate = generation_probe(model)     # [liveness] probe = "generate": one token
     post = None
     if generate is not None:

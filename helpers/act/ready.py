@@ -8,9 +8,10 @@ import select
 import signal
 import socket
 import time
-import urllib.parse
 from collections.abc import Callable
 
+from ...generator.urls import Url, parse_url
+from ..facts.probe import http_probe, local_address
 from ..records import dataclass
 
 # At the hook's start, while the server loads: imported at the first request
@@ -29,7 +30,7 @@ class ReadyResult:
     stopped: bool = False       # the unit was stopped while the server loaded
 
 
-def probe(url: str, timeout: float) -> tuple[bool, str]:
+def probe(url: str | Url, timeout: float) -> tuple[bool, str]:
     """One health request: (2xx, what it answered).  The same probe liveness uses."""
     answer = http_probe(url, timeout)
     return answer.ok, answer.text
@@ -47,24 +48,6 @@ LISTEN_POLL_S = 0.05
 class StopRequested(BaseException):
     """SIGTERM: systemd stops the unit while we wait (BaseException: no
     `except Exception` in a probe may swallow it)."""
-
-
-def _local_port(url: str) -> tuple[str, int] | None:
-    """(address, port) to connect() to, for a URL on this host; else None
-    (a remote health URL, e.g. a multi-node head's, is probed over HTTP only)."""
-    parsed = urllib.parse.urlsplit(url)
-    host = parsed.hostname
-    if host in ("127.0.0.1", "localhost", "0.0.0.0"):
-        address = "127.0.0.1"
-    elif host in ("::1", "::"):
-        address = "::1"
-    else:
-        return None
-    try:
-        port = parsed.port
-    except ValueError:
-        return None
-    return address, port or (443 if parsed.scheme == "https" else 80)
 
 
 def accepts(address: str, port: int) -> bool:
@@ -144,7 +127,8 @@ def wait_ready(url: str, pid: int | None, timeout: float, interval: float,
         if pidfd is not None:
             poller.register(pidfd, select.POLLIN)
         last = "not listening yet"
-        local = _local_port(url)
+        parsed = parse_url(url)      # wait-ready's argv was read by the same parser
+        local = local_address(parsed)
         listening = local is None
         progress = Progress(f"waiting for {url}")
         while True:
@@ -154,7 +138,7 @@ def wait_ready(url: str, pid: int | None, timeout: float, interval: float,
             if listening:
                 # One request gets probe_timeout whatever the interval: SGLang's
                 # /health sleeps 1 s and generates a token before it answers.
-                ok, last = probe(url, max(0.1, min(probe_timeout, deadline - time.monotonic())))
+                ok, last = probe(parsed, max(0.1, min(probe_timeout, deadline - time.monotonic())))
                 wait_s = interval
             else:
                 ok, wait_s = False, LISTEN_POLL_S

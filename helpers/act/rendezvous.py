@@ -15,16 +15,17 @@ from __future__ import annotations
 
 import socket
 import time
-import urllib.parse
 from typing import Callable
+
+from ...generator.urls import parse_host_port, parse_url
 
 POLL_S = 1.0           # between looks while the head is away
 REPORT_EVERY_S = 60.0  # one journal line a minute while parked
 
 
 def split_addr(addr: str) -> tuple[str, int]:
-    host, _, port = addr.rpartition(":")
-    return host.strip("[]"), int(port)
+    """The generator's reading of [nodes] addr (generator/urls.py)."""
+    return parse_host_port(addr)
 
 
 def _connect(host: str, port: int, timeout: float = 2.0) -> str:
@@ -44,9 +45,8 @@ def head_state(addr: str, head_url: str | None) -> str:
         return "rendezvous closed"
     if head_url is None:
         return "forming"
-    url = urllib.parse.urlsplit(head_url)
-    port = url.port or (443 if url.scheme == "https" else 80)
-    http = _connect(url.hostname or "", port)
+    url = parse_url(head_url)
+    http = _connect(url.host, url.port)
     if http == "refused":
         return "forming"
     return "serving a group formed without this rank" if http == "open" else f"HTTP {http}"

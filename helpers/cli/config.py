@@ -21,7 +21,7 @@ from typing import Any
 import click
 
 from ...generator.paths import RUN_DIR
-from .options import complete_model_names, die
+from .options import complete_model_names, die, echo_json
 
 OVERRIDE = "override.toml"
 # Like systemctl edit: what is above the first marker is the drop-in; the rest is for reference.
@@ -124,8 +124,7 @@ def cat_command(name: str, as_json: bool) -> None:
                 else:
                     flat[prefix + key] = {"value": value, "file": merged.file_of(prefix + key)}
         walk(merged.data, "")
-        click.echo(json.dumps({"name": merged.name, "files": merged.sources, "keys": flat},
-                              indent=2, ensure_ascii=False, default=str))
+        echo_json({"name": merged.name, "files": merged.sources, "keys": flat})
     else:
         click.echo(format_merged(merged), nl=False)
     try:
@@ -197,32 +196,17 @@ def _reload() -> None:
         die(f"systemctl daemon-reload failed: {why_not}")
 
 
-@click.command("edit")
-@click.argument("name", shell_complete=complete_model_names)
-@click.option("--no-reload", is_flag=True, help="Do not run systemctl daemon-reload afterwards.")
-def edit_command(name: str, no_reload: bool) -> None:
-    """Edit NAME's drop-in NAME.toml.d/override.toml in $EDITOR; kept only if
-    the model stays valid, then systemctl daemon-reload."""
-    from ...generator.loader import search_path
-    name = name.removesuffix(".service")
-    dirs = search_path()
-    merged = _load(name, dirs)
-    edit_dir = _edit_dir(dirs)
-    target = os.path.join(edit_dir, f"{name}.toml.d", OVERRIDE)
-    old = None
-    if os.path.exists(target):
-        with open(target, encoding="utf-8") as f:
-            old = f.read()
-    reference = format_merged(merged, comment="# ")
-    fd, temp = tempfile.mkstemp(prefix=f".#{name}-", suffix=".toml")
+# Lines edit adds above what the operator typed when it opens the editor again
+# after a refused edit (the reasons): removed when the file is read back.
+_NOTE = "#! infer-units: "
+
+
+def _run_editor(name: str, text: str) -> str:
+    """`text` in $EDITOR; what is above the marker when it exits 0."""
+    fd, temp = tempfile.mkstemp(prefix=f".#{name[:100]}-", suffix=".toml")
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write((old if old is not None else
-                     f"# {target}: keys here override {name}'s other files\n"
-                     "# (tables merge key by key; scalars and arrays replace).\n\n"))
-            if old is not None and not old.endswith("\n"):
-                f.write("\n")
-            f.write(f"\n{MARKER}\n{reference}")
+            f.write(text)
         status = subprocess.call([*_editor(), temp])
         if status != 0:
             die(f"editor exited with status {status}: nothing changed")
@@ -230,28 +214,92 @@ def edit_command(name: str, no_reload: bool) -> None:
             content = f.read().split(f"\n{MARKER}\n", 1)[0].split(MARKER, 1)[0]
     finally:
         os.unlink(temp)
-    if content.strip() == (old or "").strip() or (old is None and _only_comments(content)):
-        click.echo(f"infer-units: {target} unchanged", err=True)
-        return
-    if _only_comments(content):
-        os.unlink(target)
-        click.echo(f"infer-units: removed {target}", err=True)
-    else:
+    return "".join(line for line in content.splitlines(keepends=True)
+                   if not line.startswith(_NOTE))
+
+
+def _keep_rejected(name: str, content: str) -> str:
+    """What the operator typed, kept (0600, a new file of a random name:
+    never a predictable path in a shared directory) for `edit --from`."""
+    fd, kept = tempfile.mkstemp(prefix=f"infer-units-edit-{name[:100]}-", suffix=".toml")
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        f.write(content)
+    return kept
+
+
+@click.command("edit")
+@click.argument("name", shell_complete=complete_model_names)
+@click.option("--no-reload", is_flag=True, help="Do not run systemctl daemon-reload afterwards.")
+@click.option("--from", "start_from", type=click.Path(exists=True, dir_okay=False), metavar="FILE",
+              help="Start from FILE (an edit that was refused) instead of the override.")
+def edit_command(name: str, no_reload: bool, start_from: str | None) -> None:
+    """Edit NAME's drop-in NAME.toml.d/override.toml in $EDITOR; kept only if
+    the model stays valid, then systemctl daemon-reload.  A refused edit is
+    never lost: on a terminal the editor opens again with the reasons; else
+    (or when declined) it is kept in a file the error names (edit --from)."""
+    from ...generator.errors import ConfigError
+    from ...generator.loader import forget_cache, load_model, search_path
+    name = name.removesuffix(".service")
+    dirs = search_path()
+    path = _find(name, dirs)
+    edit_dir = _edit_dir(dirs)
+    target = os.path.join(edit_dir, f"{name}.toml.d", OVERRIDE)
+    old = None
+    if os.path.exists(target):
+        with open(target, encoding="utf-8") as f:
+            old = f.read()
+    forget_cache()
+    try:
+        reference = format_merged(load_model(name, path, dirs), comment="# ")
+    except ConfigError as e:
+        # A broken override (or another file) is what edit is for: open it anyway.
+        reference = f"# {name} does not load now:\n# {e}\n"
+    start = old
+    if start_from is not None:
+        with open(start_from, encoding="utf-8") as f:
+            start = f.read()
+    text = (start if start is not None else
+            f"# {target}: keys here override {name}'s other files\n"
+            "# (tables merge key by key; scalars and arrays replace).\n\n")
+    while True:
+        if not text.endswith("\n"):
+            text += "\n"
+        content = _run_editor(name, f"{text}\n{MARKER}\n{reference}")
+        if content.strip() == (old or "").strip() or (old is None and _only_comments(content)):
+            click.echo(f"infer-units: {target} unchanged", err=True)
+            return
+        if _only_comments(content):
+            os.unlink(target)
+            click.echo(f"infer-units: removed {target}", err=True)
+            break
         errors, warnings = _validate(name, dirs, edit_dir, content)
         for warning in warnings:
             click.echo(f"warning: {warning}", err=True)
-        if errors:
-            for error in errors:
-                click.echo(f"error: {error}", err=True)
-            die(f"{target} not written: the model would not load")
-        from ...generator.atomicfile import write_file
-        try:    # atomic (the generator never sees half a file), on disk: durable
-            write_file(target, content.rstrip("\n") + "\n", durable=True, dir_mode=0o755)
-        except OSError as e:
-            die(f"{target} not written: {e.strerror or e}")
-        click.echo(f"infer-units: wrote {target}", err=True)
+        if not errors:
+            _write_override(target, content)
+            click.echo(f"infer-units: wrote {target}", err=True)
+            if start_from is not None:
+                os.unlink(start_from)       # the refused edit is in place now
+            break
+        for error in errors:
+            click.echo(f"error: {error}", err=True)
+        if sys.stdin.isatty() and sys.stderr.isatty() and \
+                click.confirm("infer-units: edit again?", default=True, err=True):
+            text = "".join(f"{_NOTE}{line}\n" for line in errors) + content
+            continue
+        kept = _keep_rejected(name, content)
+        die(f"{target} not written: the model would not load; what you typed is in {kept} "
+            f"(infer-units edit {name} --from {kept})")
     if not no_reload:
         _reload()
+
+
+def _write_override(target: str, content: str) -> None:
+    from ...generator.atomicfile import write_file
+    try:    # atomic (the generator never sees half a file), on disk: durable
+        write_file(target, content.rstrip("\n") + "\n", durable=True, dir_mode=0o755)
+    except OSError as e:
+        die(f"{target} not written: {e.strerror or e}")
 
 
 def _only_comments(text: str) -> bool:

@@ -3,7 +3,6 @@ holders, reap, wait-port, p2p-check, status, drain, resume."""
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 
@@ -16,7 +15,7 @@ if TYPE_CHECKING:
 from ...generator import settings
 from .. import exitcodes
 from ..argtypes import unit_name
-from .options import DURATION, PORT, UNIT, complete_model_names, die, echo_json
+from .options import DURATION, HOST, PORT, UNIT, complete_model_names, die, echo_json
 from .table import format_table
 
 
@@ -64,7 +63,7 @@ def holders(selector: str | None, as_json: bool) -> None:
     seen = attribute(b, gpus, own_unit=None)
     from ..facts.gpumemory import describe
     if as_json:
-        click.echo(json.dumps({
+        echo_json({
             "backend": b.name, "exact": b.exact,
             "gpus": [{"index": g.index, "uuid": g.uuid, "pci": g.pci, "device": g.device,
                       "memory_total_mib": g.memory_total_mib,
@@ -73,8 +72,7 @@ def holders(selector: str | None, as_json: bool) -> None:
             # Not "free" unless both are empty: processes out of sight and
             # memory no listed process holds (another PID namespace).
             "unseen": seen.unseen,
-            "unaccounted_mib": {str(k): v for k, v in sorted(seen.unaccounted.items())}},
-            indent=2))
+            "unaccounted_mib": {str(k): v for k, v in sorted(seen.unaccounted.items())}})
         return
     if not b.exact:
         click.echo("note: no NVML; GPU per process is a hint from CUDA_VISIBLE_DEVICES", err=True)
@@ -131,7 +129,7 @@ def reap(selector: str, unit: str | None, foreign: str, term_grace: float, timeo
         except EnvFileError as e:
             die(str(e))
     if as_json:
-        click.echo(json.dumps(result.as_json(), indent=2))
+        echo_json(result.as_json())
     else:
         sent = len(result.actions)
         click.echo(f"infer-units: reap GPU {','.join(str(g.index) for g in gpus)}: "
@@ -146,7 +144,8 @@ def reap(selector: str, unit: str | None, foreign: str, term_grace: float, timeo
 
 @click.command("wait-port")
 @click.option("--port", type=PORT, required=True, help="TCP port the server will listen on.")
-@click.option("--host", default="127.0.0.1", metavar="ADDR", help="Address the server will bind.")
+@click.option("--host", default="127.0.0.1", type=HOST, metavar="ADDR",
+              help="Address the server will bind.")
 @click.option("--timeout", type=DURATION, default="60s", help="How long to wait; then exit 3.")
 def wait_port(port: int, host: str, timeout: float) -> None:
     """Wait until the port is free; name who holds it if it is not."""
@@ -203,7 +202,10 @@ def status(names: tuple[str, ...], as_json: bool) -> None:
     1 for an unknown name or when systemd cannot be asked."""
     from .status import collect, exit_code, table
     report = collect(list(names))
-    click.echo(json.dumps(report, indent=2) if as_json else table(report))
+    if as_json:
+        echo_json(report)
+    else:
+        click.echo(table(report))
     for name in report["unknown"]:
         click.echo(f"infer-units: no model file named {name}.toml on the search path", err=True)
     for error in sorted({m["systemd"]["error"] for m in report["models"]

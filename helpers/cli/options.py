@@ -11,10 +11,25 @@ import click
 from .. import argtypes, exitcodes
 
 
+class _Json:
+    """--json on the command line (set by cli/root.py before the command
+    runs), and whether its one document was printed: every error path then
+    prints one of its own ({"error": ..., "exit": N}) if none was."""
+    wanted = False
+    written = False
+
+
 def die(message: str, code: int = exitcodes.CONFIG_ERROR) -> NoReturn:
     """A user error (or a blocked/timed-out result): one line, that exit code."""
     click.echo(f"infer-units: {message}", err=True)
+    json_error(message, code)
     sys.exit(code)
+
+
+def json_error(message: str, code: int) -> None:
+    """Under --json, the one document of a path that printed none."""
+    if _Json.wanted and not _Json.written:
+        echo_json({"error": message, "exit": code})
 
 
 class Duration(click.ParamType):
@@ -50,6 +65,7 @@ class Checked(click.ParamType):
 
 
 PORT = Checked(argtypes.port)
+HOST = Checked(argtypes.host)
 UNIT = Checked(argtypes.unit)
 
 
@@ -63,4 +79,5 @@ def echo_json(data: Any) -> None:
     """Machine-readable output: stdout holds exactly one JSON document,
     whatever is logged on stderr."""
     import json
+    _Json.written = True
     click.echo(json.dumps(data, indent=2, ensure_ascii=False, default=str))

@@ -30,10 +30,9 @@ def render(names: tuple[str, ...], output: str | None, as_json: bool) -> None:
         click.echo(f"error: {error}", err=True)
     for conflict in loaded.conflicts:
         click.echo(f"error: {conflict}", err=True)
-    missing = {n.removesuffix(".service") for n in names} - {m.name for m in loaded.models}
-    missing -= {e.model or e.path.rsplit("/", 1)[-1].removesuffix(".toml") for e in loaded.errors}
-    for name in sorted(missing):
-        click.echo(f"error: no model file named {name}.toml on the search path", err=True)
+    missing = [str(e) for e in loaded.missing_errors()]
+    for line in missing:
+        click.echo(f"error: {line}", err=True)
     out_dir = None
     if output:
         from ...generator.atomicfile import ensure_dir
@@ -71,8 +70,7 @@ def render(names: tuple[str, ...], output: str | None, as_json: bool) -> None:
                 click.echo(unit.text)
     code = CONFIG_ERROR if loaded.errors or missing or failed else CLEAN
     if as_json:
-        echo_json({"units": units, "errors": [str(e) for e in loaded.errors] + failed +
-                   [f"no model file named {n}.toml on the search path" for n in sorted(missing)],
+        echo_json({"units": units, "errors": [str(e) for e in loaded.errors] + failed + missing,
                    "conflicts": [str(c) for c in loaded.conflicts], "exit": code})
     sys.exit(code)
 
@@ -93,7 +91,7 @@ def check(names: tuple[str, ...], as_json: bool, verify: bool) -> None:
     from ...generator.errors import ConfigError
 
     loaded = load_all(list(names))
-    problems: list[Any] = [*loaded.errors, *loaded.conflicts]
+    problems: list[Any] = [*loaded.errors, *loaded.missing_errors(), *loaded.conflicts]
     passed: list[dict[str, str]] = []
     for problem in problems:
         click.echo(f"error: {problem}", err=True)

@@ -9,6 +9,7 @@ of `main` itself reach them."""
 from __future__ import annotations
 
 import importlib
+import os
 import sys
 from typing import Any
 
@@ -16,6 +17,7 @@ import click
 
 from .. import commands
 from ..exitcodes import CONFIG_ERROR
+from .options import _Json, json_error
 
 
 def _module(name: str) -> Any:
@@ -52,6 +54,11 @@ class _Group(click.Group):
         return command
 
     def main(self, *args: Any, **kwargs: Any) -> Any:
+        argv = list(args[0] if args and args[0] is not None else
+                    kwargs.get("args") or sys.argv[1:])
+        # --json anywhere before "--": every path below prints one JSON document
+        # on stdout, a usage error or an unexpected one included.
+        _Json.wanted = "--json" in (argv[:argv.index("--")] if "--" in argv else argv)
         try:
             kwargs.setdefault("prog_name", "infer-units")
             run: Any = super().main      # click's overloads pin standalone_mode's type
@@ -59,11 +66,28 @@ class _Group(click.Group):
         except click.UsageError as e:
             # One line (the journal, scripts): which command, what is wrong.
             where = e.ctx.command_path if e.ctx else "infer-units"
-            click.echo(f"{where}: {' '.join(e.format_message().split())} (see --help)", err=True)
+            message = f"{where}: {' '.join(e.format_message().split())}"
+            click.echo(f"{message} (see --help)", err=True)
+            json_error(message, CONFIG_ERROR)
             sys.exit(CONFIG_ERROR)
         except click.exceptions.Exit as e:
+            if e.exit_code:
+                json_error(f"exit status {e.exit_code}", e.exit_code)
             sys.exit(e.exit_code)
         except click.Abort:
+            json_error("aborted", CONFIG_ERROR)
+            sys.exit(CONFIG_ERROR)
+        except SystemExit as e:
+            code = e.code if isinstance(e.code, int) else (0 if e.code is None else CONFIG_ERROR)
+            if code:
+                json_error(f"exit status {code} (the reason is on stderr)", code)
+            raise
+        except Exception as e:      # noqa: BLE001  entry.py's last line of defence, in JSON
+            if not _Json.wanted or os.environ.get("INFER_UNITS_DEBUG"):
+                raise
+            reason = " ".join(str(e).split())[:300] or type(e).__name__
+            click.echo(f"infer-units: error: {type(e).__name__}: {reason}", err=True)
+            json_error(f"{type(e).__name__}: {reason}", CONFIG_ERROR)
             sys.exit(CONFIG_ERROR)
 
 

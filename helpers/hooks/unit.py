@@ -114,7 +114,7 @@ def pre_start(argv: list[str]) -> int:
     p.add_argument("--timeout", type=_duration, default=settings.default("reap.timeout"))
     p.add_argument("--ignore", action="append", default=[])
     p.add_argument("--port", type=_port)
-    p.add_argument("--host", default=settings.default("host"))
+    p.add_argument("--host", default=settings.default("host"), type=_checked(argtypes.host))
     p.add_argument("--env-file", help="where resolved CUDA_VISIBLE_DEVICES / P2P results go")
     p.add_argument("--resolve-pci", action="store_true",
                    help="write CUDA_VISIBLE_DEVICES (UUIDs) for PCI selectors")
@@ -126,11 +126,12 @@ def pre_start(argv: list[str]) -> int:
     p.add_argument("--p2p-off-args", default="",
                    help="server argv that P2P off needs beyond NCCL_P2P_DISABLE=1 "
                         "(e.g. --disable-custom-all-reduce), written to the env file")
-    p.add_argument("--wait-rendezvous", metavar="HOST:PORT",
+    p.add_argument("--wait-rendezvous", metavar="HOST:PORT", type=_checked(argtypes.host_port),
                    help="multi-node worker: then wait (unbounded) until the head forms a "
                         "group there")
-    p.add_argument("--head-url", help="multi-node worker: the head's health URL (its HTTP "
-                                      "port refuses while the head forms a group)")
+    p.add_argument("--head-url", type=_checked(argtypes.http_url),
+                   help="multi-node worker: the head's health URL (its HTTP port refuses "
+                        "while the head forms a group)")
     p.add_argument("--p2p-off-env", action="append", default=[], metavar="NAME=VALUE",
                    help="environment that P2P off needs beyond NCCL_P2P_DISABLE=1 "
                         "(e.g. VLLM_ALLREDUCE_USE_FLASHINFER=0), written to the env file")
@@ -347,7 +348,7 @@ def liveness_probe(argv: list[str]) -> int:
                             "setting from the model's file; the others give them by hand.")
     p.add_argument("--model", help="the model's name: its [liveness] and health URL")
     p.add_argument("--unit", type=_unit)
-    p.add_argument("--url")
+    p.add_argument("--url", type=_checked(argtypes.http_url))
     p.add_argument("--interval", type=_duration, default=settings.default("liveness.interval"),
                    help="for the log only")
     p.add_argument("--failures", type=_count, default=settings.default("liveness.failures"))

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from .container import Container, available, suites
-from .e2e_support import FAKE_GPU_COUNT, FAKE_TABLE, fake_gpu_table, install_fakes, model_toml
+from .e2e_support import install_fake_gpus, install_fakes, model_toml
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -42,9 +42,7 @@ def box(request: pytest.FixtureRequest, deb: Path):
     try:
         c.boot()
         install_fakes(c, ROOT)
-        c.write(FAKE_TABLE, fake_gpu_table())
-        c.sh("mkdir -p /var/lib/fakegpu && for i in $(seq 0 %d); do : > /var/lib/fakegpu/nvidia$i; done"
-             % (FAKE_GPU_COUNT - 1))
+        install_fake_gpus(c)
         # A model present before the package: installing must generate its unit.
         c.write("/etc/infer-units/preinstalled.toml", model_toml("preinstalled", [5], 18099))
         done = c.install_deb(deb)

@@ -10,6 +10,21 @@ FAKE_GPU_COUNT = 6
 FAKE_TABLE = "/etc/infer-units/fakegpus.json"
 
 
+# The root-owned file that marks a host for tests: only there do the root hooks
+# honour INFER_UNITS_* test variables (the fake GPU table) from a unit's [env]
+# (helpers/hookenv.py).  A real host has none.
+HOOKS_TEST_MARKER = "/etc/infer-units/hooks-test-mode"
+
+
+def install_fake_gpus(box) -> None:
+    """The fake GPU table, its device files, and the test marker."""
+    box.write(FAKE_TABLE, fake_gpu_table())
+    box.write(HOOKS_TEST_MARKER, "this host runs infer-units' tests: the hooks honour "
+              "INFER_UNITS_* test variables\n")
+    box.sh("mkdir -p /var/lib/fakegpu && for i in $(seq 0 %d); do : > /var/lib/fakegpu/nvidia$i; "
+           "done" % (FAKE_GPU_COUNT - 1))
+
+
 def fake_gpu_table() -> str:
     return json.dumps({"gpus": [
         {"index": i, "uuid": f"GPU-e2e{i:05d}-0000-0000-0000-{i:012d}",

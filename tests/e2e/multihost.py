@@ -16,7 +16,7 @@ import tempfile
 from pathlib import Path
 
 from .container import SYSTEM_PATH, Container
-from .e2e_support import FAKE_GPU_COUNT, FAKE_TABLE, fake_gpu_table, install_fakes
+from .e2e_support import install_fake_gpus, install_fakes
 
 HOSTS = {"gpu-a": "10.77.0.1", "gpu-b": "10.77.0.2", "gpu-c": "10.77.0.3"}
 SWITCH = "iu-switch"        # the namespace holding the bridge
@@ -71,9 +71,7 @@ class Group:
             done = template.install_deb(deb)
             assert done.returncode == 0, done.stdout + done.stderr
             install_fakes(template, root_of_tree)
-            template.write(FAKE_TABLE, fake_gpu_table())
-            template.sh("mkdir -p /var/lib/fakegpu && for i in $(seq 0 %d); do "
-                        ": > /var/lib/fakegpu/nvidia$i; done" % (FAKE_GPU_COUNT - 1))
+            install_fake_gpus(template)
             template.write("/etc/hosts", "127.0.0.1 localhost\n" + "".join(
                 f"{address} {name}\n" for name, address in HOSTS.items()))
         finally:

@@ -23,7 +23,7 @@ import subprocess
 from pathlib import Path
 
 from .container import Container
-from .e2e_support import FAKE_GPU_COUNT, FAKE_TABLE, fake_gpu_table, wait_until
+from .e2e_support import FAKE_TABLE, install_fake_gpus, wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 BUILD = ROOT / "tools/engines/build"
@@ -122,9 +122,7 @@ class RealBox:
         else:
             self.vllm_python = self.paths["vllm_python"]
         c.write(POLLER, POLL, mode=0o755)
-        c.write(FAKE_TABLE, fake_gpu_table())
-        c.sh("mkdir -p /var/lib/fakegpu && for i in $(seq 0 %d); do : > /var/lib/fakegpu/nvidia$i; done"
-             % (FAKE_GPU_COUNT - 1))
+        install_fake_gpus(c)
         c.sh("apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "
              f"--no-install-recommends {OS_PACKAGES}", timeout=1800, net=True)
         done = c.install_deb(deb)

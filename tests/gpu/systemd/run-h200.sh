@@ -105,6 +105,8 @@ UNIT
         else
             printf '{"gpus": [%s, %s]}\n' "$gpu0" "$gpu1"
         fi > "$C/etc/infer-units/fakegpus.json"
+        # the hooks honour INFER_UNITS_FAKE_GPUS from [env] only on a host so marked
+        echo "test host" > "$C/etc/infer-units/hooks-test-mode"
         printf 'INFER_UNITS_FAKE_GPUS = "/etc/infer-units/fakegpus.json"\nIU_FAKE_GPUS = "1"\n' \
             >> "$C/etc/infer-units/defaults.toml.d/50-harness.toml"
     else

@@ -91,17 +91,26 @@ def test_wait_ready_times_out_with_exit_3() -> None:
 
 def test_wait_port_names_the_holder_and_waits_for_it() -> None:
     port = free_port()
+    # The holder lets go only once wait-port has named it: no race with a
+    # wait-port that starts late on a busy machine.
     holder = subprocess.Popen([PYTHON, "-c", (
-        "import socket, time, sys; s = socket.socket(); "
+        "import socket, sys; s = socket.socket(); "
         "s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1); "
         f"s.bind(('127.0.0.1', {port})); s.listen(); print('up', flush=True); "
-        "time.sleep(float(sys.argv[1]))"), "0.8"], stdout=subprocess.PIPE, text=True)
-    assert holder.stdout and holder.stdout.readline().strip() == "up"
-    done = run_cli("wait-port", "--port", str(port), "--timeout", "20s")
+        "sys.stdin.readline()")], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    assert holder.stdout and holder.stdin and holder.stdout.readline().strip() == "up"
+    waiting = subprocess.Popen([PYTHON, "-m", "infer_units", "wait-port", "--port", str(port),
+                                "--timeout", "120s"], stderr=subprocess.PIPE, text=True,
+                               env=base_env())
+    assert waiting.stderr
+    said = [waiting.stderr.readline()]
+    assert f"port {port} held by pid {holder.pid}" in said[0], said
+    holder.stdin.write("go\n")
+    holder.stdin.close()
     holder.wait()
-    assert done.returncode == 0, done.stderr
-    assert f"port {port} held by pid {holder.pid}" in done.stderr
-    assert f"port {port} free after" in done.stderr
+    said.append(waiting.stderr.read())
+    assert waiting.wait(120) == 0, said
+    assert f"port {port} free after" in said[1], said
 
 
 def test_wait_port_times_out_with_exit_3_naming_the_holder() -> None:

@@ -145,7 +145,7 @@ def _unit(root: Path, fake: FakeGpus, unit: str, rc_file: Path) -> subprocess.Po
     cgroup.mkdir(exist_ok=True)
     server = ("import sys, time; f = open(sys.argv[1], 'rb'); time.sleep(60)")
     script = (f'{PYTHON} -m infer_units pre-start --unit {unit} --gpus 0 --term-grace 1s '
-              f'--timeout 5s; rc=$?; echo $rc > {rc_file}; '
+              f'--timeout 5s 2>{rc_file}.err; rc=$?; echo $rc > {rc_file}; '
               f'[ $rc = 0 ] && exec {PYTHON} -c "{server}" {fake.devices[0]}; sleep 60')
 
     def enter() -> None:
@@ -180,7 +180,7 @@ def test_two_pre_starts_racing_for_one_gpu_exactly_one_wins(fake_gpus: FakeGpus)
                                               for r in rcs), timeout=30)
                 codes = sorted(int(r.read_text()) for r in rcs)
                 outcomes.append(codes)
-                assert codes == [0, 2], (i, codes, [u.stderr for u in units])
+                assert codes == [0, 2], (i, codes, [Path(f"{r}.err").read_text() for r in rcs])
             finally:
                 for u in units:
                     _stop(u)

@@ -96,6 +96,45 @@ def test_p2p_selftest_gets_a_scrubbed_environment(fake_gpus: FakeGpus, tmp_path:
     assert not names & {"SECRET", "LD_PRELOAD", "PYTHONPATH", "INFER_UNITS_FAKE_GPUS"}
 
 
+def test_one_models_forged_p2p_verdict_is_never_another_models(
+        fake_gpus: FakeGpus, tmp_path: Path, attacker: pwd.struct_passwd,
+        public: Path) -> None:
+    # Model A's user owns A's python, so A's self-test says whatever they
+    # like: "P2P works".  Model B on the same GPUs (another account, another
+    # python) must not start with P2P on on their word: on a host where peer
+    # copies corrupt data, that silently corrupts B's outputs.
+    liar = public / "python"
+    liar.write_text("#!/bin/sh\necho '{\"ok\": true, \"pairs\": []}'\n")
+    liar.chmod(0o755)
+    cache = str(tmp_path / "p2p")
+    a = run_cli("p2p-check", "--gpus", "0,1", "--python", str(liar), "--user", ATTACKER,
+                "--env-file", str(tmp_path / "a.env"),
+                env=fake_gpus.env(INFER_UNITS_P2P_CACHE=cache, INFER_UNITS_P2P_MIB="1"))
+    assert a.returncode == 0 and "P2P on" in a.stderr, a.stderr
+    b = run_cli("p2p-check", "--gpus", "0,1", "--python", "/usr/bin/python3", "--user", "root",
+                "--env", f"PYTHONPATH={FAKE_TORCH}", "--env", "FAKE_TORCH_CORRUPT=0>1",
+                "--env-file", str(tmp_path / "b.env"),
+                env=fake_gpus.env(INFER_UNITS_P2P_CACHE=cache, INFER_UNITS_P2P_MIB="1"))
+    assert b.returncode == 0, b.stderr
+    assert "[result cached this boot]" not in b.stderr, b.stderr
+    assert "P2P OFF" in b.stderr and "GPU 0->1: 1 words differ" in b.stderr, b.stderr
+    assert (tmp_path / "b.env").read_text().startswith("NCCL_P2P_DISABLE=1")
+
+
+def test_a_self_tests_malformed_pairs_do_not_crash_the_start(
+        fake_gpus: FakeGpus, tmp_path: Path, attacker: pwd.struct_passwd,
+        public: Path) -> None:
+    odd = public / "python"
+    odd.write_text("#!/bin/sh\necho '{\"ok\": false, \"pairs\": [{\"ok\": false}, "
+                   "{\"ok\": false, \"src\": 99, \"dst\": true}]}'\n")
+    odd.chmod(0o755)
+    done = run_cli("p2p-check", "--gpus", "0,1", "--python", str(odd), "--user", ATTACKER,
+                   "--env-file", str(tmp_path / "m.env"),
+                   env=fake_gpus.env(INFER_UNITS_P2P_CACHE=str(tmp_path / "p2p")))
+    assert done.returncode == 0, done.stderr
+    assert "P2P OFF" in done.stderr and "GPU ?->?" in done.stderr, done.stderr
+
+
 def test_p2p_selftest_as_root_model_drops_to_nobody_and_root_venv_works(
         fake_gpus: FakeGpus, tmp_path: Path) -> None:
     done = run_cli("p2p-check", "--gpus", "0,1", "--python", "/usr/bin/python3",

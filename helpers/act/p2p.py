@@ -36,9 +36,26 @@ def _boot_id() -> str:
         return "unknown"
 
 
-def cache_path(gpus: list[Gpu]) -> str:
-    key = ",".join(sorted(g.uuid or g.pci for g in gpus))
+def cache_path(gpus: list[Gpu], tester: str) -> str:
+    """One verdict per set of GPUs *and* tester (the account and interpreter
+    that ran the self-test): the verdict is that account's word, since it owns
+    the venv that printed it, so it is never another model's answer."""
+    key = ",".join(sorted(g.uuid or g.pci for g in gpus)) + "|" + tester
     return os.path.join(CACHE_DIR, hashlib.sha256(key.encode()).hexdigest()[:16] + ".json")
+
+
+def _tester(python: str, user: str | None) -> str:
+    account = selftest_account(user)
+    uid = os.geteuid() if account is None else account.pw_uid
+    return f"{uid}:{os.path.realpath(python)}"
+
+
+def _gpu_at(gpus: list[Gpu], position: object) -> str:
+    """A pair's device as the self-test numbered it (its report is the
+    tester's, so anything may stand there)."""
+    if isinstance(position, int) and not isinstance(position, bool) and 0 <= position < len(gpus):
+        return str(gpus[position].index)
+    return "?"
 
 
 # Who runs the model's `python` for the self-test.  The interpreter, its venv,
@@ -114,7 +131,7 @@ def check_p2p(gpus: list[Gpu], env_file: str | None, python: str,
         verdict = P2PVerdict(True, False, "one GPU: no peer traffic", {})
         _apply(verdict, env_file, off_args, off_env or {})
         return verdict
-    path = cache_path(gpus)
+    path = cache_path(gpus, _tester(python, user))
     boot = _boot_id()
     try:
         cached = json.loads(read_text(path) or "{}")
@@ -139,8 +156,8 @@ def check_p2p(gpus: list[Gpu], env_file: str | None, python: str,
                if isinstance(p, dict) and not p.get("ok")]
         # The self-test numbers devices as CUDA sees them: positions in `gpus`.
         detail = "; ".join(
-            f"GPU {gpus[p['src']].index}->{gpus[p['dst']].index}: "
-            + (p.get("error") or f"{p.get('mismatched_words')} words differ")
+            f"GPU {_gpu_at(gpus, p.get('src'))}->{_gpu_at(gpus, p.get('dst'))}: "
+            + str(p.get("error") or f"{p.get('mismatched_words')} words differ")
             for p in bad) or str(report.get("error"))
         verdict = P2PVerdict(False, False, f"peer copy failed: {detail}", report)
     write_file(path, json.dumps({"boot_id": boot, "ok": verdict.ok, "reason": verdict.reason,

@@ -184,11 +184,34 @@ def _live_thread_cgroup(pid: int) -> str | None:
     return None
 
 
+# Debian's SYS_UID_MAX (login.defs): accounts above it are people's; nobody
+# (65534) is everyone's.
+SYS_UID_MAX = 999
+
+
+def _uid(pid: int) -> int | None:
+    try:
+        return os.stat(f"/proc/{pid}").st_uid
+    except OSError:
+        return None
+
+
 def matches_name(info: ProcInfo, names: tuple[str, ...] | list[str]) -> bool:
-    """By the root-owned executable's basename only (see root_exe_name):
-    argv[0] and comm are set by the process itself, so an unprivileged hog
-    calling itself nvidia-persistenced must not be spared."""
-    return info.root_exe is not None and info.root_exe in names
+    """A GPU daemon of the ignore list: by the root-owned executable's
+    basename only (see root_exe_name; argv[0] and comm are set by the process
+    itself, so an unprivileged hog calling itself nvidia-persistenced must not
+    be spared), and run by root, or by a system account under a system
+    service (nvidia-persistenced.service drops to its own account).  Anyone
+    can run /usr/bin/nvidia-persistenced with LD_PRELOAD of their own code:
+    run by a person's account, or outside /system.slice, it is that person's
+    GPU user and is reaped like any other."""
+    if info.root_exe is None or info.root_exe not in names:
+        return False
+    uid = _uid(info.pid)
+    if uid == 0:
+        return True
+    return (uid is not None and uid <= SYS_UID_MAX and info.cgroup.startswith("/system.slice/")
+            and "user@" not in info.cgroup)
 
 
 def ancestors(pid: int) -> set[int]:

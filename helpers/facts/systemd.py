@@ -122,23 +122,26 @@ def _manager() -> Any:
         raise SystemdUnavailable(f"cannot reach systemd over D-Bus: {e}") from None
 
 
-def list_units(patterns: list[str]) -> list[str]:
-    """Loaded units matching glob patterns (e.g. "*.service")."""
+def _rows(patterns: list[str]) -> list[Any]:
+    """ListUnitsByPatterns' rows for glob patterns: name, description, load,
+    active, sub state, following, path, job id, job type, job path."""
     manager = _manager()
     try:
         rows = manager.Manager.ListUnitsByPatterns([], [p.encode() for p in patterns])
     except Exception as e:
         raise SystemdUnavailable(f"ListUnitsByPatterns failed: {e}") from None
+    return list(rows)
+
+
+def list_units(patterns: list[str]) -> list[str]:
+    """Loaded units matching glob patterns (e.g. "*.service")."""
+    rows = _rows(patterns)
     return sorted(_s(row[0]) for row in rows)
 
 
 def list_unit_states(patterns: list[str]) -> dict[str, str]:
     """Loaded units matching glob patterns -> their ActiveState, in one call."""
-    manager = _manager()
-    try:
-        rows = manager.Manager.ListUnitsByPatterns([], [p.encode() for p in patterns])
-    except Exception as e:
-        raise SystemdUnavailable(f"ListUnitsByPatterns failed: {e}") from None
+    rows = _rows(patterns)
     return {_s(row[0]): _s(row[3]) for row in sorted(rows)}
 
 
@@ -152,11 +155,7 @@ class Listed:
 
 
 def list_units_with_jobs(patterns: list[str]) -> list[Listed]:
-    manager = _manager()
-    try:
-        rows = manager.Manager.ListUnitsByPatterns([], [p.encode() for p in patterns])
-    except Exception as e:
-        raise SystemdUnavailable(f"ListUnitsByPatterns failed: {e}") from None
+    rows = _rows(patterns)
     return sorted((Listed(_s(r[0]), _s(r[3]), _s(r[4]), _s(r[8]) if int(r[7]) else "")
                    for r in rows), key=lambda u: u.name)
 

@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import pwd
+import shutil
+import subprocess
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from .support import FakeGpus, Holder
+from .support import ATTACKER, FakeGpus, Holder
 
 
 @pytest.fixture
@@ -27,3 +32,24 @@ def holders():
     yield start
     for h in started:
         h.stop()
+
+
+@pytest.fixture(scope="session")
+def attacker() -> pwd.struct_passwd:
+    """The local attacker of the trust tests: a real account without root
+    (created once, needs root), whose commands run through setpriv."""
+    try:
+        return pwd.getpwnam(ATTACKER)
+    except KeyError:
+        subprocess.run(["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin",
+                        ATTACKER], check=True)
+        return pwd.getpwnam(ATTACKER)
+
+
+@pytest.fixture
+def public() -> Iterator[Path]:
+    """A root-owned 0755 directory other users can reach (pytest's tmp is 0700)."""
+    path = Path(tempfile.mkdtemp(dir="/var/tmp", prefix="iu-public-"))
+    path.chmod(0o755)
+    yield path
+    shutil.rmtree(path)

@@ -16,6 +16,8 @@ ROOT = Path(__file__).resolve().parent.parent
 # The interpreter running the tests runs the CLI too (Debian's on hosts, the
 # image's torch Python on the GPU machine).
 PYTHON = sys.executable
+# The trust tests' local attacker: a real account without root (conftest.py).
+ATTACKER = "iu-attacker"
 
 
 def base_env(**extra: str) -> dict[str, str]:

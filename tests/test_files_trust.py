@@ -9,40 +9,17 @@ from __future__ import annotations
 
 import os
 import pwd
-import shutil
 import stat
 import subprocess
-import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from .support import PYTHON, FakeGpus, base_env, run_cli, run_generator
 
-ATTACKER = "iu-attacker"
 VICTIM_TEXT = "root's secret, 0600\n"
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root to create a user")
-
-
-@pytest.fixture(scope="module")
-def attacker() -> pwd.struct_passwd:
-    try:
-        return pwd.getpwnam(ATTACKER)
-    except KeyError:
-        subprocess.run(["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin",
-                        ATTACKER], check=True)
-        return pwd.getpwnam(ATTACKER)
-
-
-@pytest.fixture
-def public() -> Iterator[Path]:
-    """A root-owned 0755 directory other users can reach (pytest's tmp is 0700)."""
-    path = Path(tempfile.mkdtemp(dir="/var/tmp", prefix="iu-files-"))
-    path.chmod(0o755)
-    yield path
-    shutil.rmtree(path)
 
 
 def as_attacker(account: pwd.struct_passwd, code: str, *args: str) -> subprocess.CompletedProcess[str]:

@@ -10,7 +10,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -86,36 +85,32 @@ def test_a_hog_naming_itself_a_gpu_daemon_is_reaped(fake_gpus: FakeGpus, holders
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="runs the daemon's executable as another account")
-def test_the_real_daemon_executable_run_by_a_person_is_reaped(fake_gpus: FakeGpus) -> None:
+def test_the_real_daemon_executable_run_by_a_person_is_reaped(fake_gpus: FakeGpus,
+                                                              public: Path) -> None:
     # Anyone can run the root-owned /usr/bin/nvidia-persistenced with
     # LD_PRELOAD of their own code (or under ptrace): the executable alone
     # does not make a GPU daemon.  Here the root-owned copy runs as nobody
     # (a person's account) and holds GPU 0 through a descriptor it inherited.
-    public = Path(tempfile.mkdtemp(dir="/var/tmp", prefix="iu-daemon-"))
+    exe = public / "nvidia-persistenced"
+    shutil.copy2(os.path.realpath(sys.executable), exe)
+    exe.chmod(0o755)
+    fd = os.open(fake_gpus.devices[0], os.O_RDONLY)
     try:
-        public.chmod(0o755)
-        exe = public / "nvidia-persistenced"
-        shutil.copy2(os.path.realpath(sys.executable), exe)
-        exe.chmod(0o755)
-        fd = os.open(fake_gpus.devices[0], os.O_RDONLY)
-        try:
-            hog = subprocess.Popen([str(exe), "-I", "-c", "import time; print('ready', flush=True); "
-                                    "time.sleep(600)"], user=65534, group=65534, pass_fds=[fd],
-                                   stdout=subprocess.PIPE, text=True, cwd="/")
-        finally:
-            os.close(fd)
-        try:
-            assert hog.stdout is not None and hog.stdout.readline().strip() == "ready"
-            code, report = reap_json(fake_gpus, "--gpus", "0", "--term-grace", "2s")
-            assert code == 0, report
-            assert hog.wait(30) is not None
-            assert hog.pid not in {h["pid"] for h in report["ignored"]}
-        finally:
-            if hog.poll() is None:
-                hog.kill()
-                hog.wait()
+        hog = subprocess.Popen([str(exe), "-I", "-c", "import time; print('ready', flush=True); "
+                                "time.sleep(600)"], user=65534, group=65534, pass_fds=[fd],
+                               stdout=subprocess.PIPE, text=True, cwd="/")
     finally:
-        shutil.rmtree(public)
+        os.close(fd)
+    try:
+        assert hog.stdout is not None and hog.stdout.readline().strip() == "ready"
+        code, report = reap_json(fake_gpus, "--gpus", "0", "--term-grace", "2s")
+        assert code == 0, report
+        assert hog.wait(30) is not None
+        assert hog.pid not in {h["pid"] for h in report["ignored"]}
+    finally:
+        if hog.poll() is None:
+            hog.kill()
+            hog.wait()
 
 
 def test_drain_reaps_a_hog_named_like_a_gpu_daemon(fake_gpus: FakeGpus, holders) -> None:

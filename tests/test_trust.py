@@ -5,39 +5,16 @@ from __future__ import annotations
 
 import os
 import pwd
-import shutil
 import subprocess
-import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from .support import FakeGpus, base_env, run_cli
+from .support import ATTACKER, FakeGpus, base_env, run_cli
 
-ATTACKER = "iu-attacker"
 FAKE_TORCH = Path(__file__).parent / "fake_torch"
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root to create a user")
-
-
-@pytest.fixture(scope="module")
-def attacker() -> pwd.struct_passwd:
-    try:
-        return pwd.getpwnam(ATTACKER)
-    except KeyError:
-        subprocess.run(["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin",
-                        ATTACKER], check=True)
-        return pwd.getpwnam(ATTACKER)
-
-
-@pytest.fixture
-def public(tmp_path: Path) -> Iterator[Path]:
-    """A directory other users can reach (pytest's tmp is root's 0700)."""
-    path = Path(tempfile.mkdtemp(dir="/var/tmp", prefix="iu-trust-"))
-    path.chmod(0o755)
-    yield path
-    shutil.rmtree(path)
 
 
 def _user_venv(tmp_path: Path, account: pwd.struct_passwd) -> tuple[Path, Path]:

@@ -38,11 +38,18 @@ def probe(url: str | Url, timeout: float) -> tuple[bool, str]:
 
 # How often a loading server is looked at.  Until its port accepts a
 # connection, a connect() attempt (refused by the kernel: the server never
-# sees it) says "not yet" for ~20 us of CPU; once it listens, health is asked
-# every `interval` (default 50 ms: the unit is active within ~50 ms of the
-# first 2xx; llama.cpp answers 503 "Loading model" cheaply meanwhile).
-# Reading /proc/net/tcp instead cost 17% of a core at 20 ms (bench/ready_bench.py).
+# sees it) says "not yet"; with the sleep between two of them that is
+# ~0.3 ms of CPU a poll here, so every 50 ms is 0.7% of a core (the goal:
+# < 1%, bench/ready_bench.py).  In the first second the port is tried every
+# 10 ms: a server up that soon (a small or cached model, a restart) is seen
+# ~5 ms after it listens instead of ~25 ms (that lag was the largest share of
+# what the hooks added to a restart, bench/restart_bench.py), for ~80 more
+# polls once.  Once it listens, health is asked every `interval` (default
+# 50 ms: the unit is active within ~50 ms of the first 2xx; llama.cpp answers
+# 503 "Loading model" cheaply meanwhile).  Reading /proc/net/tcp instead
+# cost 17% of a core at 20 ms.
 LISTEN_POLL_S = 0.05
+LISTEN_FAST_POLL_S, LISTEN_FAST_FOR_S = 0.01, 1.0
 
 
 class StopRequested(BaseException):
@@ -141,7 +148,9 @@ def wait_ready(url: str, pid: int | None, timeout: float, interval: float,
                 ok, last = probe(parsed, max(0.1, min(probe_timeout, deadline - time.monotonic())))
                 wait_s = interval
             else:
-                ok, wait_s = False, LISTEN_POLL_S
+                ok = False
+                fast = time.monotonic() - started < LISTEN_FAST_FOR_S
+                wait_s = LISTEN_FAST_POLL_S if fast else LISTEN_POLL_S
             elapsed = time.monotonic() - started
             if ok:
                 ready = True         # from here on a SIGTERM is the server's to drain

@@ -182,7 +182,10 @@ class Server:
             self.httpd.socket = sock
             self.httpd.server_activate()
         self.httpd.daemon_threads = True
-        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+        # shutdown() waits for serve_forever's next poll: at the default 0.5 s
+        # that made each stop 0-0.5 s longer at random (bench/restart_bench.py).
+        threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.05},
+                         daemon=True).start()
 
 
 def _stopped(pid: int) -> bool:

@@ -263,7 +263,8 @@ def _description(m: Model) -> str:
         (f", port {m.port}" if m.port else "") + " (infer-units)"
 
 
-# The model's ExecStopPost= after its liveness restart cap: fails (exit 1) only
+# A model without GPUs (no wait-free, which does the same: --liveness-cap):
+# its ExecStopPost= after its liveness restart cap: fails (exit 1) only
 # for the invocation the marker names (the probe writes it just before it
 # stops the model), and always removes it, so a stale marker can never fail
 # a later, ordinary stop.
@@ -336,10 +337,14 @@ def render(m: Model) -> RenderedUnit:
             "--interval", format_seconds(m.ready_interval),
             "--probe-timeout", format_seconds(m.ready_probe_timeout)]) + " --pid $MAINPID")
     selector = m.gpu_selector()
-    stop_post = (_hook("wait-free", "--gpus", selector, "--unit", m.unit_name,
-                       "--timeout", format_seconds(_stop_post_timeout(m)), *_ignore_args(m)) +
-                 " --result $SERVICE_RESULT") if selector else ""
     liveness_wants, liveness_stop_post = _liveness(m, url)
+    cap: tuple[str, ...] = ()
+    if selector and liveness_stop_post:
+        # wait-free checks the cap itself: no /bin/sh process on every stop.
+        cap, liveness_stop_post = ("--liveness-cap", cap_marker(m.name, state_dir(m.env))), ""
+    stop_post = (_hook("wait-free", "--gpus", selector, "--unit", m.unit_name,
+                       "--timeout", format_seconds(_stop_post_timeout(m)), *_ignore_args(m),
+                       *cap) + " --result $SERVICE_RESULT") if selector else ""
     values = {
         "version": __version__,
         "sources": " ".join(comment_text(s) for s in m.sources),

@@ -435,33 +435,63 @@ def test_the_template_probe_reads_the_probe_kind_from_the_model(
 
 # ------------------------------------------------------------------ the cap's ExecStopPost
 
-def _cap_argv(tmp_path: Path) -> list[str]:
+def _stop_post(tmp_path: Path, engine: str) -> list[str]:
+    """The model's last ExecStopPost= argv: wait-free (with the cap) for a
+    model with GPUs, the cap's /bin/sh line for one without."""
     from infer_units.generator.build import load_all
     conf = tmp_path / "conf"
     conf.mkdir()
-    (conf / "m.toml").write_text('engine = "vllm"\nmodel = "/m"\ngpus = [0]\nport = 8000\n'
+    (conf / "m.toml").write_text(engine + 'port = 8000\n'
                                  f'[env]\nINFER_UNITS_LIVENESS_DIR = "{tmp_path}"\n')
     [model] = load_all(dirs=[str(conf)]).models
     from infer_units.generator.render import render
-    line = values(render(model).text, "Service", "ExecStopPost")[-1]   # after wait-free
+    line = values(render(model).text, "Service", "ExecStopPost")[-1]
     assert line.startswith("+")
     return exec_argv(line)
 
 
-def test_cap_stop_post_fails_only_for_the_marked_invocation(tmp_path: Path) -> None:
-    argv = _cap_argv(tmp_path)
-    marker = tmp_path / "m.liveness-cap"
-    assert argv[-1] == str(marker)
-
-    def stop_post(invocation: str) -> int:
-        return subprocess.run(argv, env={"INVOCATION_ID": invocation, "PATH": "/usr/bin:/bin"},
-                              timeout=10).returncode
-
+def _cap_cases(stop_post, marker: Path) -> None:
     assert stop_post("ee" * 16) == 0                 # an ordinary stop
     marker.write_text("ee" * 16)
     assert stop_post("ee" * 16) == 1 and not marker.exists()   # the cap's stop: failed
     marker.write_text("ff" * 16)
     assert stop_post("ee" * 16) == 0 and not marker.exists()   # stale: passes, removed
+
+
+def test_wait_free_fails_the_stop_only_for_the_capped_invocation(tmp_path: Path,
+                                                                 fake_gpus) -> None:
+    """With GPUs the cap is wait-free's (no /bin/sh process on every stop):
+    the rendered line itself, run with the unit's $INVOCATION_ID."""
+    argv = _stop_post(tmp_path, 'engine = "vllm"\nmodel = "/m"\ngpus = [0]\n')
+    marker = tmp_path / "m.liveness-cap"
+    assert argv[1] == "wait-free" and argv[argv.index("--liveness-cap") + 1] == str(marker)
+    args = [a.replace("$SERVICE_RESULT", "success") for a in argv[1:]]
+
+    def stop_post(invocation: str) -> int:
+        done = run_cli(*args, env=fake_gpus.env(INVOCATION_ID=invocation), timeout=60)
+        assert "Traceback" not in done.stderr, done.stderr
+        if done.returncode:
+            assert "stopped by liveness at its restart cap" in done.stderr, done.stderr
+        return done.returncode
+
+    _cap_cases(stop_post, marker)
+    marker.symlink_to(tmp_path / "conf" / "m.toml")          # never followed, removed
+    assert stop_post("ee" * 16) == 0 and not marker.is_symlink()
+    assert (tmp_path / "conf" / "m.toml").exists()
+
+
+def test_cap_stop_post_fails_only_for_the_marked_invocation(tmp_path: Path) -> None:
+    """Without GPUs (no wait-free) the cap is its own /bin/sh ExecStopPost=."""
+    argv = _stop_post(tmp_path, 'engine = "command"\ncommand = ["/opt/srv/bin/serve"]\n'
+                                'ready.url = "http://127.0.0.1:8000/health"\n')
+    marker = tmp_path / "m.liveness-cap"
+    assert argv[0] == "/bin/sh" and argv[-1] == str(marker)
+
+    def stop_post(invocation: str) -> int:
+        return subprocess.run(argv, env={"INVOCATION_ID": invocation, "PATH": "/usr/bin:/bin"},
+                              timeout=10).returncode
+
+    _cap_cases(stop_post, marker)
 
 
 # ------------------------------------------------------------------ status

@@ -28,7 +28,6 @@ from ...generator import settings
 from ...generator.log import say
 from .. import argtypes, exitcodes
 from ..argtypes import unit_name
-from ..facts.ports import wait_port_reporting
 
 ERR, WARNING, NOTICE, INFO = 3, 4, 5, 6     # syslog priorities: journalctl -p
 
@@ -251,6 +250,7 @@ def _start_checks(a: argparse.Namespace, unit: str, claims: GpuClaims | None) ->
             except EnvFileError as e:
                 _say(str(e), ERR)
                 return exitcodes.CONFIG_ERROR
+    from ..facts.ports import wait_port_reporting     # socket: pre-start's alone
     if a.port and not wait_port_reporting(a.host, a.port, a.timeout, _say):
         return exitcodes.TIMED_OUT
     if a.p2p and claims is not None and a.env_file:
@@ -315,7 +315,11 @@ def wait_free(argv: list[str]) -> int:
                    help="keep it under TimeoutStopSec: systemd kills a hook that outlives it")
     p.add_argument("--ignore", action="append", default=[])
     p.add_argument("--result", default="", help="$SERVICE_RESULT, for the log")
+    p.add_argument("--liveness-cap", metavar="MARKER",
+                   help="liveness' restart-cap marker: this stop fails (exit 1) when it "
+                        "names this invocation; removed whatever it names")
     a = p.parse_args(argv)
+    capped = _liveness_capped(a.liveness_cap) if a.liveness_cap else False
     from ..act.metrics import record_free
     from ..act.reaper import Reaper, ReapPolicy
     unit = unit_name(a.unit) if a.unit else None
@@ -337,7 +341,35 @@ def wait_free(argv: list[str]) -> int:
              "not waited on (the next start handles them per [reap] foreign)")
     else:   # the reaper has logged each holder left, with why
         _say(f"GPU not free{where}: {result.message}", ERR)
+    if capped and result.exit_code == exitcodes.CLEAN:
+        _say(f"{unit or 'the unit'} was stopped by liveness at its restart cap: "
+             "left failed", ERR)
+        return exitcodes.CONFIG_ERROR
     return result.exit_code
+
+
+def _liveness_capped(marker: str) -> bool:
+    """Whether liveness stopped this invocation at its restart cap (its probe
+    writes the marker, naming $INVOCATION_ID, just before it stops the unit).
+    The marker is removed whatever it names, so a stale one never fails a
+    later, ordinary stop.  Here rather than in a /bin/sh ExecStopPost=: one
+    process fewer on every stop (~20 ms, bench/restart_bench.py)."""
+    from ...generator.atomicfile import UnsafePath, read_text
+    try:
+        named = read_text(marker, 4096)
+    except (OSError, UnsafePath, UnicodeDecodeError) as e:
+        named = None
+        _say(f"liveness cap marker {marker} unreadable ({e}): removed", WARNING)
+    if named is None and not os.path.lexists(marker):
+        return False
+    try:
+        os.unlink(marker)
+    except FileNotFoundError:
+        pass
+    except OSError as e:
+        _say(f"liveness cap marker {marker} not removed: {e}", WARNING)
+    invocation = os.environ.get("INVOCATION_ID", "")
+    return bool(invocation) and named is not None and named.strip() == invocation
 
 
 def liveness_probe(argv: list[str]) -> int:

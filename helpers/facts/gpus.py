@@ -314,6 +314,64 @@ def _load_pynvml() -> Any:
         return None
 
 
+def _nvml_init() -> tuple[Any, list[Any]] | None:
+    """The module and every GPU's handle; None without nvidia-ml-py.  Raises
+    what nvmlInit raises (no library, no driver)."""
+    nvml = _load_pynvml()
+    if nvml is None:
+        return None
+    _warmed()
+    nvml.nvmlInit()
+    return nvml, [nvml.nvmlDeviceGetHandleByIndex(i) for i in range(nvml.nvmlDeviceGetCount())]
+
+
+# A fresh process's NVML start on one H200 (2026-12-02, .devscratch probe, in
+# process): pynvml's import 23 ms (8,000 lines, and ctypes.util with
+# subprocess, shutil, tempfile behind it), nvmlInit 10 ms, the GPU's first
+# handle (the driver attaching it) 7 ms.  The last two are the driver's ioctls,
+# which ctypes runs without the GIL: warm_nvml() starts them in a thread at the
+# top of a GPU command (helpers/entry.py), straight on the library, while the
+# command's modules and pynvml are imported.  NVML counts its inits and keeps
+# a GPU attached, so pynvml's own nvmlInit and handles then cost next to
+# nothing.  The warm-up's session is never shut down: the process ends first.
+_warming: list[Any] = []                # the lock the thread holds until it is done
+
+
+def warm_nvml() -> None:
+    """Begin NVML's init and each GPU's attach in the background."""
+    if _warming or os.environ.get("INFER_UNITS_FAKE_GPUS"):
+        return
+    import _thread     # threading's import costs more than the whole thread
+    done = _thread.allocate_lock()
+    done.acquire()
+    _warming.append(done)
+
+    def run() -> None:
+        try:
+            import ctypes
+            lib = ctypes.CDLL("libnvidia-ml.so.1")
+            if lib.nvmlInit_v2() == 0:
+                count, handle = ctypes.c_uint(0), ctypes.c_void_p()
+                if lib.nvmlDeviceGetCount_v2(ctypes.byref(count)) == 0:
+                    for i in range(count.value):
+                        lib.nvmlDeviceGetHandleByIndex_v2(i, ctypes.byref(handle))
+        except BaseException:       # noqa: BLE001 - no library, no driver: pynvml says so after
+            pass
+        finally:
+            done.release()
+    try:
+        _thread.start_new_thread(run, ())
+    except RuntimeError:            # no thread to be had: pynvml does it all later
+        done.release()
+
+
+def _warmed() -> None:
+    """Wait for warm_nvml()'s thread, if one was started."""
+    for done in _warming:
+        with done:
+            pass
+
+
 def _text(value: bytes | str) -> str:
     return value.decode() if isinstance(value, bytes) else value
 
@@ -322,11 +380,9 @@ class NvmlBackend(Backend):
     name = "nvml"
     cheap_users = True
 
-    def __init__(self, nvml: Any) -> None:
+    def __init__(self, nvml: Any, handles: list[Any]) -> None:
         self.nvml = nvml
-        nvml.nvmlInit()
-        self._handles = [nvml.nvmlDeviceGetHandleByIndex(i)
-                         for i in range(nvml.nvmlDeviceGetCount())]
+        self._handles = handles
 
     def gpus(self) -> list[Gpu]:
         nvml = self.nvml
@@ -492,12 +548,12 @@ def backend() -> Backend:
         if fake:
             _backend = FakeBackend(fake)
         else:
-            nvml = _load_pynvml()
-            if nvml is not None:
-                try:
-                    _backend = NvmlBackend(nvml)
-                except Exception as e:  # NVMLError_LibraryNotFound, DriverNotLoaded, ...
-                    print(f"infer-units: NVML unavailable ({e}); using /proc", file=sys.stderr)
+            try:
+                started = _nvml_init()
+                if started is not None:
+                    _backend = NvmlBackend(*started)
+            except Exception as e:  # NVMLError_LibraryNotFound, DriverNotLoaded, ...
+                print(f"infer-units: NVML unavailable ({e}); using /proc", file=sys.stderr)
             if _backend is None:
                 if not os.path.isdir(NVIDIA_PROC):
                     raise GpuError("no NVIDIA driver: neither NVML nor /proc/driver/nvidia")

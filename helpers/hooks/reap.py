@@ -24,6 +24,7 @@ from ...generator import settings
 from .. import argtypes, exitcodes
 from ..argtypes import unit_name
 from ..jsonout import echo_json, json_error, want_json
+from .args import Parser, checked
 
 PROG = "infer-units reap"
 
@@ -39,25 +40,12 @@ def _die(message: str, code: int = exitcodes.CONFIG_ERROR) -> NoReturn:
     sys.exit(code)
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> NoReturn:  # usage errors are exit 1 here, not argparse's 2
-        line = f"{PROG}: {message} (see --help)"
+class _Parser(Parser):
+    def report(self, line: str) -> None:
         print(line, file=sys.stderr, flush=True)
         json_error(line, exitcodes.CONFIG_ERROR)
-        sys.exit(exitcodes.CONFIG_ERROR)
 
 
-def _checked(check: Any) -> Any:
-    """An argparse type from an argtypes check; `.check` is the check itself,
-    for the click command built from this parser (cli/gpu.py)."""
-    def convert(text: str) -> Any:
-        try:
-            return check(text)
-        except ValueError as e:
-            raise argparse.ArgumentTypeError(str(e)) from None
-    convert.__name__ = check.__name__
-    convert.check = check       # type: ignore[attr-defined]
-    return convert
 
 
 def _span(key: str) -> str:
@@ -67,21 +55,18 @@ def _span(key: str) -> str:
 
 
 def parser() -> argparse.ArgumentParser:
-    # A width given: HelpFormatter imports shutil to ask the terminal's.
-    p = _Parser(prog=PROG, allow_abbrev=False,
-                description="Reap the users of GPUs and wait until they are free.",
-                formatter_class=lambda prog: argparse.HelpFormatter(prog, width=100))
+    p = _Parser(prog=PROG, description="Reap the users of GPUs and wait until they are free.")
     p.add_argument("--gpus", dest="selector", required=True, metavar="SEL",
                    help='"0,1", "GPU-…", PCI ids, or "all".')
-    p.add_argument("--unit", type=_checked(argtypes.unit), default=None,
+    p.add_argument("--unit", type=checked(argtypes.unit), default=None,
                    help="The service doing the reaping (its cgroup is its own).")
     p.add_argument("--foreign", choices=settings.REAP_FOREIGN,
                    default=settings.default("reap.foreign"),
                    help="Processes of no infer-units service: kill them, wait for them, "
                         "or exit 2.")
-    p.add_argument("--term-grace", type=_checked(argtypes.duration),
+    p.add_argument("--term-grace", type=checked(argtypes.duration),
                    default=_span("reap.term-grace"), help="Time from SIGTERM to SIGKILL.")
-    p.add_argument("--timeout", type=_checked(argtypes.duration),
+    p.add_argument("--timeout", type=checked(argtypes.duration),
                    default=_span("reap.timeout"), help="Overall limit after the grace.")
     p.add_argument("--ignore", action="append", default=[], metavar="NAME",
                    help="Process name never touched, beyond the built-ins (repeatable).")

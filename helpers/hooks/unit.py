@@ -28,6 +28,7 @@ from ...generator import settings
 from ...generator.log import say
 from .. import argtypes, exitcodes
 from ..argtypes import unit_name
+from .args import Parser, checked
 
 ERR, WARNING, NOTICE, INFO = 3, 4, 5, 6     # syslog priorities: journalctl -p
 
@@ -36,37 +37,15 @@ def _say(message: str, priority: int = INFO) -> None:
     say(priority, message)
 
 
-def _checked(check: Callable[[str], Any]) -> Callable[[str], Any]:
-    """An argparse type from an argtypes check: its reason, one line, exit 1."""
-    def convert(text: str) -> Any:
-        try:
-            return check(text)
-        except ValueError as e:
-            raise argparse.ArgumentTypeError(str(e)) from None
-    convert.__name__ = check.__name__
-    return convert
+_duration = checked(argtypes.duration)
+_port = checked(argtypes.port)
+_unit = checked(argtypes.unit)
+_count = checked(argtypes.count)
 
 
-_duration = _checked(argtypes.duration)
-_port = _checked(argtypes.port)
-_unit = _checked(argtypes.unit)
-_count = _checked(argtypes.count)
-
-
-def _formatter(prog: str) -> argparse.HelpFormatter:
-    # A width given: HelpFormatter imports shutil (and zlib, bz2, lzma) to ask
-    # the terminal's, and add_argument() builds one for every option.
-    return argparse.HelpFormatter(prog, width=int(os.environ.get("COLUMNS", "") or 0) or 100)
-
-
-class _Parser(argparse.ArgumentParser):
-    def __init__(self, *args, **kwargs) -> None:
-        kwargs.setdefault("formatter_class", _formatter)
-        super().__init__(*args, **kwargs)
-
-    def error(self, message: str) -> NoReturn:  # usage errors are exit 1 here, not argparse's 2
-        _say(f"{self.prog}: {message} (see --help)", ERR)   # one line: it lands in the journal
-        sys.exit(exitcodes.CONFIG_ERROR)
+class _Parser(Parser):
+    def report(self, line: str) -> None:
+        _say(line, ERR)     # one line: it lands in the journal
 
 
 def _gpus_or_exit(selector: str) -> tuple[Backend, list[Gpu]]:
@@ -113,7 +92,7 @@ def pre_start(argv: list[str]) -> int:
     p.add_argument("--timeout", type=_duration, default=settings.default("reap.timeout"))
     p.add_argument("--ignore", action="append", default=[])
     p.add_argument("--port", type=_port)
-    p.add_argument("--host", default=settings.default("host"), type=_checked(argtypes.host))
+    p.add_argument("--host", default=settings.default("host"), type=checked(argtypes.host))
     p.add_argument("--env-file", help="where resolved CUDA_VISIBLE_DEVICES / P2P results go")
     p.add_argument("--resolve-pci", action="store_true",
                    help="write CUDA_VISIBLE_DEVICES (UUIDs) for PCI selectors")
@@ -125,16 +104,16 @@ def pre_start(argv: list[str]) -> int:
     p.add_argument("--p2p-off-args", default="",
                    help="server argv that P2P off needs beyond NCCL_P2P_DISABLE=1 "
                         "(e.g. --disable-custom-all-reduce), written to the env file")
-    p.add_argument("--wait-rendezvous", metavar="HOST:PORT", type=_checked(argtypes.host_port),
+    p.add_argument("--wait-rendezvous", metavar="HOST:PORT", type=checked(argtypes.host_port),
                    help="multi-node worker: then wait (unbounded) until the head forms a "
                         "group there")
-    p.add_argument("--head-url", type=_checked(argtypes.http_url),
+    p.add_argument("--head-url", type=checked(argtypes.http_url),
                    help="multi-node worker: the head's health URL (its HTTP port refuses "
                         "while the head forms a group)")
     p.add_argument("--p2p-off-env", action="append", default=[], metavar="NAME=VALUE",
                    help="environment that P2P off needs beyond NCCL_P2P_DISABLE=1 "
                         "(e.g. VLLM_ALLREDUCE_USE_FLASHINFER=0), written to the env file")
-    p.add_argument("--accept-health", type=_checked(argtypes.health_checks), default=(),
+    p.add_argument("--accept-health", type=checked(argtypes.health_checks), default=(),
                    metavar="CHECK,...", help="[health] accept: health checks whose errors do "
                                              "not refuse the start")
     p.add_argument("--root-dir", help=argparse.SUPPRESS)   # tests: a fake /proc, /sys, /dev
@@ -276,8 +255,8 @@ def wait_ready(argv: list[str]) -> int:
     p = _Parser(prog="infer-units wait-ready",
                 description="ExecStartPost: wait until URL answers 2xx; fail at once if "
                             "the server (PID) dies.")
-    p.add_argument("--url", required=True, type=_checked(argtypes.http_url))
-    p.add_argument("--pid", type=_checked(argtypes.pid))
+    p.add_argument("--url", required=True, type=checked(argtypes.http_url))
+    p.add_argument("--pid", type=checked(argtypes.pid))
     p.add_argument("--timeout", type=_duration, default=settings.default("ready.timeout"))
     p.add_argument("--interval", type=_duration, default=settings.default("ready.interval"))
     p.add_argument("--probe-timeout", type=_duration, default=10.0,
@@ -380,7 +359,7 @@ def liveness_probe(argv: list[str]) -> int:
                             "setting from the model's file; the others give them by hand.")
     p.add_argument("--model", help="the model's name: its [liveness] and health URL")
     p.add_argument("--unit", type=_unit)
-    p.add_argument("--url", type=_checked(argtypes.http_url))
+    p.add_argument("--url", type=checked(argtypes.http_url))
     p.add_argument("--interval", type=_duration, default=settings.default("liveness.interval"),
                    help="for the log only")
     p.add_argument("--failures", type=_count, default=settings.default("liveness.failures"))

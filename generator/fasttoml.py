@@ -330,9 +330,45 @@ def _line_value(text: str) -> Any:
     return _line_int(text)
 
 
+def _by_lines(text: str) -> dict[str, Any] | None:
+    """The document when every line is blank, a comment, a [table] header or
+    `key = value` with a _line_value (almost every model file), else None:
+    then _Parser reads it from the start.  A line at a time: the per-line
+    work is C (split, strip, partition), not a loop over characters."""
+    if "\r" in text:
+        return None                     # CRLF and stray CRs: _Parser's care
+    root: dict[str, Any] = {}
+    table = root
+    for line in text.split("\n"):
+        line = line.strip(" \t")
+        if not line:
+            continue
+        first = line[0]
+        if first == "#":
+            if not line.isprintable():  # a control character, or a tab: _Parser decides
+                return None
+            continue
+        if first == "[":
+            name = line[1:-1].strip(" \t")
+            if line[-1] != "]" or not name or not _BARE.issuperset(name) or name in root:
+                return None
+            table = root[name] = {}
+            continue
+        key, eq, rest = line.partition("=")
+        key = key.rstrip(" \t")
+        if not eq or not key or not _BARE.issuperset(key) or key in table:
+            return None
+        value = _line_value(rest.lstrip(" \t"))
+        if value is _NO:
+            return None
+        table[key] = value
+    return root
+
+
 def loads(data: bytes) -> dict[str, Any]:
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError:
         raise Unsupported("not UTF-8") from None
-    return _Parser(text).document()
+    found = _by_lines(text)
+    return _Parser(text).document() if found is None else found

@@ -130,7 +130,8 @@ def _nccl_name(key: str) -> str:
 def build_model(merged: MergedConfig) -> Model:
     _check_path(merged.main_path)
     flat = _flatten(merged.data, merged)
-    values: dict[str, Any] = {}
+    # Every setting's default (shared objects, as always), then what the files set, checked.
+    values = {key: setting.default for key, setting in BY_KEY.items()}
     nccl_env: dict[str, str] = {}
     for key, raw in flat.items():
         if key.startswith("nccl.") and key != "nccl.p2p":
@@ -150,8 +151,6 @@ def build_model(merged: MergedConfig) -> Model:
             values[key] = setting.check(raw)
         except ValueError as e:
             raise ConfigError(merged.file_of(key), key, str(e)) from None
-    for key, setting in BY_KEY.items():
-        values.setdefault(key, setting.default)
     _cross_check(values, merged)
     spec = ENGINE_SPECS[values["engine"]]
     nodes = build_nodes(values, merged, spec.health_path or "/health")

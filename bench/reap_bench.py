@@ -183,15 +183,23 @@ NVML_FLOOR = ("import pynvml as n; n.nvmlInit(); h = n.nvmlDeviceGetHandleByInde
 def end_to_end(b, trials: int, holders: int, gib: float) -> dict[str, list[float]]:  # type: ignore[no-untyped-def]
     """Wall of the CLI's reap, the teardown of the same holders, the bare interpreter."""
     nvml = isinstance(b, NvmlBackend)
-    launcher = (f"import sys; sys.path.insert(0, {str(ROOT)!r}); sys.argv[0] = 'infer-units'; "
-                "from infer_units.helpers.entry import main; main()")
-    cli = [sys.executable, "-I", "-c", launcher, "reap", "--gpus", "0", "--term-grace", "0s",
+    # As the .deb's launcher starts it: its #! flags (-IS: no site module, so
+    # no .pth files), this interpreter's site-packages appended where the
+    # launcher appends Debian's dist-packages.
+    with open(ROOT / "packaging/infer-units", encoding="utf-8") as f:
+        flags = f.readline().split()[1:]
+    import site
+    deps = [d for d in site.getsitepackages() if os.path.isdir(d)]
+    launcher = (f"import sys; sys.path.insert(0, {str(ROOT)!r}); sys.path += {deps!r}; "
+                "sys.argv[0] = 'infer-units'; from infer_units.helpers.entry import main; main()")
+    cli = [sys.executable, *flags, "-c", launcher, "reap", "--gpus", "0", "--term-grace", "0s",
            "--timeout", "60s"]
-    out: dict[str, list[float]] = {"wall": [], "teardown": [], "floor": []}
+    out: dict[str, list[float]] = {"wall": [], "teardown": [], "floor": [], "floor_flags": []}
     if nvml:
         out["nvml"] = []
     for _ in range(trials):
         out["floor"].append(_timed_run([sys.executable, "-I", "-c", "pass"]))
+        out["floor_flags"].append(_timed_run([sys.executable, *flags, "-c", "pass"]))
         if nvml:     # what NVML itself costs a fresh process: its import, init, one query
             out["nvml"].append(_timed_run([sys.executable, "-I", "-c", NVML_FLOOR]))
         baseline = b.memory_used_mib(0) if nvml else None
@@ -283,12 +291,13 @@ def main() -> int:
         e2e = end_to_end(b, args.trials, args.holders, args.gib)
         med = {k: statistics.median(v) * 1000 for k, v in e2e.items()}
         goal = med["teardown"] + med["floor"] + 30
-        print(f"\n2. end to end: `infer-units reap --gpus 0 --term-grace 0s` as a process, "
-              f"{args.trials} trials, {args.holders} TERM-ignoring holder(s)")
+        print(f"\n2. end to end: `infer-units reap --gpus 0 --term-grace 0s` as a process started as "
+              f"the .deb's launcher starts it, {args.trials} trials, {args.holders} TERM-ignoring holder(s)")
         for k, what in (("wall", "reap's wall (process start to exit)"),
                         ("teardown", "teardown (SIGKILL to the last gone"
                          + (" and its memory back)" if isinstance(b, NvmlBackend) else ")")),
                         ("floor", "bare interpreter (python3 -I -c pass)"),
+                        ("floor_flags", "  the same with the launcher's flags (-IS)"),
                         ("nvml", "NVML in a fresh process (import+init+query)")):
             if k not in e2e:
                 continue

@@ -21,6 +21,14 @@ HOOKS: dict[str, tuple[str, str, str]] = {
                     "whose group lost a rank."),
 }
 
+# Operator commands that run without click (helpers/entry.py; their click
+# command, built from the same argparse parser, answers --help): name ->
+# (module under infer_units.helpers, main(argv) -> exit code, parser() -> its
+# argparse parser, the command(**options) -> exit code that main calls).
+FAST: dict[str, tuple[str, str, str, str]] = {
+    "reap": ("hooks.reap", "main", "parser", "reap"),
+}
+
 # The operator commands: name -> (module under infer_units.helpers, the click
 # command's attribute there).
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -29,7 +37,6 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "cat": ("cli.config", "cat_command"),
     "edit": ("cli.config", "edit_command"),
     "holders": ("cli.gpu", "holders"),
-    "reap": ("cli.gpu", "reap"),
     "wait-port": ("cli.gpu", "wait_port"),
     "p2p-check": ("cli.gpu", "p2p_check"),
     "status": ("cli.gpu", "status"),
@@ -37,3 +44,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "resume": ("cli.gpu", "resume"),
     "doctor": ("cli.doctor", "doctor"),
 }
+
+# Commands that ask NVML about --gpus first thing: entry.py begins NVML's
+# initialisation in a thread (facts/gpus.start_nvml) while their modules load.
+NVML_FIRST: frozenset[str] = frozenset({"reap", "holders", "pre-start", "wait-free"})

@@ -1,5 +1,6 @@
 """`infer-units`: the hooks units run on every start and stop go straight to
-argparse (helpers/hooks/unit.py); everything else goes to the click CLI.
+argparse (helpers/hooks/unit.py), and so does `reap` (hooks/reap.py, timed
+end to end) unless asked for --help; everything else goes to the click CLI.
 
 Whatever escapes a command is one line on stderr and exit 1, never a
 traceback in the journal (INFER_UNITS_DEBUG=1 shows it)."""
@@ -9,7 +10,17 @@ from __future__ import annotations
 import os
 import sys
 
-from .commands import HOOKS
+from .commands import FAST, HOOKS, NVML_FIRST
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import NoReturn
+
+
+def _start_nvml(argv: list[str]) -> None:
+    if argv[0] in NVML_FIRST and any(a == "--gpus" or a.startswith("--gpus=") for a in argv):
+        from .facts.gpus import start_nvml
+        start_nvml()
 
 
 def _run(scrub_hooks: bool) -> None:
@@ -22,17 +33,28 @@ def _run(scrub_hooks: bool) -> None:
             hookenv.scrub()
         else:
             hookenv.trust_caller()
+        _start_nvml(argv)                # after the scrub: it decides INFER_UNITS_FAKE_GPUS
         from .hooks.unit import run
-        code = run(argv)
-        # Then straight out: the interpreter's teardown of ~70 modules is
-        # ~5-10 ms at the end of each hook, on every start and stop
-        # (bench/restart_bench.py).  The hooks close every file they write
-        # before they return; only stdio may still hold buffered text.
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(code)
+        _exit(run(argv))
+    if argv:
+        _start_nvml(argv)
+    if argv and argv[0] in FAST and not {"-h", "--help"} & set(argv) \
+            and "_INFER_UNITS_COMPLETE" not in os.environ:
+        import importlib
+        module, function, _parser, _command = FAST[argv[0]]
+        _exit(getattr(importlib.import_module(f"{__package__}.{module}"), function)(argv[1:]))
     from .cli.root import main as cli_main
     cli_main()
+
+
+def _exit(code: int) -> NoReturn:
+    # Then straight out: the interpreter's teardown of ~70 modules is
+    # ~5-10 ms at the end of each hook, on every start and stop
+    # (bench/restart_bench.py).  The commands close every file they write
+    # before they return; only stdio may still hold buffered text.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def main(scrub_hooks: bool = True) -> None:

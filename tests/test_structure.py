@@ -11,7 +11,7 @@ from pathlib import Path
 
 import click
 
-from .support import PYTHON, ROOT, base_env
+from .support import PYTHON, ROOT, FakeGpus, base_env
 
 HELPERS = ROOT / "infer_units" / "helpers"
 ROOMS = ["facts", "decide", "act", "hooks", "cli"]
@@ -89,8 +89,9 @@ def test_one_command_table_for_the_hooks_and_the_cli() -> None:
     for name, (module, function, _summary) in commands.HOOKS.items():
         assert module == "hooks.unit" and unit.COMMANDS[name].__name__ == function, name
     loaded = all_commands()
-    assert set(loaded) == set(commands.HOOKS) | set(commands.COMMANDS)
-    for name in commands.COMMANDS:
+    assert set(loaded) == set(commands.HOOKS) | set(commands.COMMANDS) | set(commands.FAST)
+    assert not set(commands.FAST) & (set(commands.HOOKS) | set(commands.COMMANDS))
+    for name in [*commands.COMMANDS, *commands.FAST]:
         assert isinstance(loaded[name], click.Command) and loaded[name].name == name
         assert not loaded[name].hidden, name
     for name in commands.HOOKS:
@@ -107,6 +108,28 @@ def test_the_hooks_path_imports_neither_click_nor_the_cli() -> None:
     done = subprocess.run([PYTHON, "-c", code], capture_output=True, text=True, timeout=60,
                           env=base_env())
     assert "LOADED []" in done.stdout, done.stdout + done.stderr
+
+
+def test_reap_runs_without_click_and_its_help_is_clicks(fake_gpus: FakeGpus) -> None:
+    """`infer-units reap` is timed end to end (DESIGN.md "Performance goals"):
+    it runs on its argparse parser (hooks/reap.py); --help is the click command
+    built from that parser, with the same options and defaults."""
+    done = subprocess.run([PYTHON, "-X", "importtime", "-m", "infer_units", "reap", "--gpus", "0",
+                           "--dry-run"], capture_output=True, text=True, timeout=60,
+                          env=fake_gpus.env())
+    assert done.returncode == 0, done.stderr
+    loaded = [line.rsplit("|", 1)[-1].strip() for line in done.stderr.splitlines()
+              if line.startswith("import time:")]
+    assert "dry run" in done.stderr and "argparse" in loaded and "infer_units.helpers.act.reaper" in loaded
+    assert not [m for m in loaded if m.split(".")[0] == "click"
+                or m.startswith("infer_units.helpers.cli")], loaded
+    shown = subprocess.run([PYTHON, "-m", "infer_units", "reap", "--help"], capture_output=True,
+                           text=True, timeout=60, env=fake_gpus.env()).stdout
+    assert shown.startswith("Usage: infer-units reap [OPTIONS]")
+    from infer_units.helpers.hooks.reap import parser
+    for action in parser()._actions:
+        for flag in action.option_strings:
+            assert flag in shown, flag
 
 
 def test_the_readme_names_every_module_in_its_room() -> None:

@@ -21,7 +21,8 @@ from typing import Any
 import click
 
 from ...generator.paths import RUN_DIR
-from .options import complete_model_names, die, echo_json
+from ..jsonout import echo_json
+from .options import complete_model_names, die
 
 OVERRIDE = "override.toml"
 # Like systemctl edit: what is above the first marker is the drop-in; the rest is for reference.

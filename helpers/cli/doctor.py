@@ -24,7 +24,8 @@ from typing import Any
 
 import click
 
-from .options import complete_model_names, echo_json
+from ..jsonout import echo_json
+from .options import complete_model_names
 from ..decide.health import ERROR, OK, UNKNOWN, WARNING, Finding, Report, check_gpus, worst
 
 SCHEMA_VERSION = 1

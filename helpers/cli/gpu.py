@@ -1,5 +1,5 @@
 """The operator commands of `infer-units` that touch GPUs, ports and systemd:
-holders, reap, wait-port, p2p-check, status, drain, resume."""
+holders, wait-port, p2p-check, status, drain, resume (reap: hooks/reap.py)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,8 @@ if TYPE_CHECKING:
 from ...generator import settings
 from .. import exitcodes
 from ..argtypes import unit_name
-from .options import DURATION, HOST, PORT, UNIT, complete_model_names, die, echo_json
+from ..jsonout import echo_json
+from .options import DURATION, HOST, PORT, complete_model_names, die
 from .table import format_table
 
 
@@ -94,51 +95,6 @@ def holders(selector: str | None, as_json: bool) -> None:
 
 
 # --------------------------------------------------------------------- reap
-
-@click.command()
-@click.option("--gpus", "selector", required=True, metavar="SEL", help='"0,1", "GPU-…", PCI ids, or "all".')
-@click.option("--unit", type=UNIT, default=None,
-              help="The service doing the reaping (its cgroup is its own).")
-@click.option("--foreign", type=click.Choice(settings.REAP_FOREIGN),
-              default=settings.default("reap.foreign"),
-              help="Processes of no infer-units service: kill them, wait for them, or exit 2.")
-@click.option("--term-grace", type=DURATION, default=_span("reap.term-grace"),
-              help="Time from SIGTERM to SIGKILL.")
-@click.option("--timeout", type=DURATION, default=_span("reap.timeout"),
-              help="Overall limit after the grace.")
-@click.option("--ignore", multiple=True, metavar="NAME",
-              help="Process name never touched, beyond the built-ins (repeatable).")
-@click.option("--env-file", default=None, metavar="PATH",
-              help="Write CUDA_VISIBLE_DEVICES (UUIDs) here.")
-@click.option("--dry-run", is_flag=True, help="Say what would be done; touch nothing.")
-@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
-def reap(selector: str, unit: str | None, foreign: str, term_grace: float, timeout: float,
-         ignore: tuple[str, ...], env_file: str | None, dry_run: bool, as_json: bool) -> None:
-    """Reap the users of GPUs and wait until they are free."""
-    from ..act.metrics import record_reap
-    from ..act.reaper import Reaper, ReapPolicy
-    policy = ReapPolicy(foreign=foreign, term_grace=term_grace,
-                        timeout=timeout, ignore=ignore, dry_run=dry_run)
-    _check_env_file(env_file)
-    b, gpus = _gpus(selector)
-    result = Reaper(b, gpus, (unit_name(unit) if unit else None), policy).run()
-    if env_file and not dry_run and result.exit_code == exitcodes.CLEAN:
-        from ..act.envfile import EnvFileError, write_visible_devices
-        try:
-            write_visible_devices(env_file, gpus)
-        except EnvFileError as e:
-            die(str(e))
-    if as_json:
-        echo_json(result.as_json())
-    else:
-        sent = len(result.actions)
-        click.echo(f"infer-units: reap GPU {','.join(str(g.index) for g in gpus)}: "
-                   f"{result.message} after {result.seconds * 1000:.0f} ms"
-                   + (f", {sent} signal(s) sent" if sent else ""), err=True)
-    if not dry_run:
-        record_reap((unit_name(unit) if unit else None), result)
-    sys.exit(result.exit_code)
-
 
 # --------------------------------------------------------------------- wait-port
 

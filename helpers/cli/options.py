@@ -1,22 +1,16 @@
 """What the click commands share: option types, shell completion of model
-names, JSON output, die() for a user error."""
+names, die() for a user error (JSON output: helpers/jsonout.py)."""
 
 from __future__ import annotations
 
+import argparse
 import sys
 from typing import Any, Callable, NoReturn
 
 import click
 
 from .. import argtypes, exitcodes
-
-
-class _Json:
-    """--json on the command line (set by cli/root.py before the command
-    runs), and whether its one document was printed: every error path then
-    prints one of its own ({"error": ..., "exit": N}) if none was."""
-    wanted = False
-    written = False
+from ..jsonout import json_error
 
 
 def die(message: str, code: int = exitcodes.CONFIG_ERROR) -> NoReturn:
@@ -24,12 +18,6 @@ def die(message: str, code: int = exitcodes.CONFIG_ERROR) -> NoReturn:
     click.echo(f"infer-units: {message}", err=True)
     json_error(message, code)
     sys.exit(code)
-
-
-def json_error(message: str, code: int) -> None:
-    """Under --json, the one document of a path that printed none."""
-    if _Json.wanted and not _Json.written:
-        echo_json({"error": message, "exit": code})
 
 
 class Duration(click.ParamType):
@@ -66,18 +54,38 @@ class Checked(click.ParamType):
 
 PORT = Checked(argtypes.port)
 HOST = Checked(argtypes.host)
-UNIT = Checked(argtypes.unit)
+
+
+def from_argparse(parser: argparse.ArgumentParser, name: str,
+                  command: Callable[..., int]) -> click.Command:
+    """The click command of an argparse parser's options (hooks/reap.py
+    declares them once): flags, store_true, append, choices, required, and
+    types that are argtypes checks.  Its callback exits with command's code."""
+    params: list[click.Parameter] = []
+    for action in parser._actions:
+        if not action.option_strings or "-h" in action.option_strings:
+            continue
+        decls = [*action.option_strings, action.dest]
+        common: dict[str, Any] = {"help": action.help, "metavar": action.metavar}
+        if action.const is True and action.nargs == 0:         # store_true
+            params.append(click.Option(decls, is_flag=True, help=action.help))
+        elif action.choices is not None:
+            params.append(click.Option(decls, type=click.Choice(list(action.choices)),
+                                       default=action.default, help=action.help))
+        else:
+            check = getattr(action.type, "check", None)
+            kind: Any = Checked(check) if check is not None else click.STRING
+            multiple = isinstance(action.default, list)          # append
+            params.append(click.Option(decls, type=kind, multiple=multiple,
+                                       default=() if multiple else action.default,
+                                       required=action.required, **common))
+
+    def callback(**values: Any) -> None:
+        sys.exit(command(**values))
+    return click.Command(name, params=params, callback=callback, help=parser.description)
 
 
 def complete_model_names(ctx: Any, param: Any, incomplete: str) -> list[str]:
     """Model names on the search path, for bash completion."""
     from ...generator.loader import discover
     return sorted(n for n in discover()[0] if n.startswith(incomplete))
-
-
-def echo_json(data: Any) -> None:
-    """Machine-readable output: stdout holds exactly one JSON document,
-    whatever is logged on stderr."""
-    import json
-    _Json.written = True
-    click.echo(json.dumps(data, indent=2, ensure_ascii=False, default=str))

@@ -10,7 +10,8 @@ from typing import Any
 import click
 
 from ..exitcodes import CLEAN, CONFIG_ERROR
-from .options import complete_model_names, echo_json
+from ..jsonout import echo_json
+from .options import complete_model_names
 
 
 @click.command()

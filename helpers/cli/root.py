@@ -17,7 +17,8 @@ import click
 
 from .. import commands
 from ..exitcodes import CONFIG_ERROR
-from .options import _Json, json_error
+from ..jsonout import _Json, json_error, want_json
+from .options import from_argparse
 
 
 def _module(name: str) -> Any:
@@ -42,11 +43,17 @@ class _Group(click.Group):
     errors exit 2, which here means "blocked": make them 1."""
 
     def list_commands(self, ctx: click.Context) -> list[str]:
-        return sorted([*commands.COMMANDS, *commands.HOOKS])
+        return sorted([*commands.COMMANDS, *commands.FAST, *commands.HOOKS])
 
     def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
         if cmd_name in commands.HOOKS:
             return _hook(cmd_name, commands.HOOKS[cmd_name][2])
+        if cmd_name in commands.FAST:
+            # entry.py runs it without click; this one, built from its own
+            # parser, is its --help, man page, README row and completion.
+            name, _main, parser, function = commands.FAST[cmd_name]
+            loaded = _module(name)
+            return from_argparse(getattr(loaded, parser)(), cmd_name, getattr(loaded, function))
         if cmd_name not in commands.COMMANDS:
             return None
         module, attr = commands.COMMANDS[cmd_name]
@@ -58,7 +65,7 @@ class _Group(click.Group):
                     kwargs.get("args") or sys.argv[1:])
         # --json anywhere before "--": every path below prints one JSON document
         # on stdout, a usage error or an unexpected one included.
-        _Json.wanted = "--json" in (argv[:argv.index("--")] if "--" in argv else argv)
+        want_json(argv)
         try:
             kwargs.setdefault("prog_name", "infer-units")
             run: Any = super().main      # click's overloads pin standalone_mode's type

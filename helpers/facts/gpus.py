@@ -314,6 +314,55 @@ def _load_pynvml() -> Any:
         return None
 
 
+def _nvml_init() -> tuple[Any, list[Any]] | None:
+    """The module and every GPU's handle; None without nvidia-ml-py.  Raises
+    what nvmlInit raises (no library, no driver)."""
+    nvml = _load_pynvml()
+    if nvml is None:
+        return None
+    nvml.nvmlInit()
+    return nvml, [nvml.nvmlDeviceGetHandleByIndex(i) for i in range(nvml.nvmlDeviceGetCount())]
+
+
+# NVML's start in a fresh process is the driver's work more than ours (on one
+# H200, import + nvmlInit + a query: ~50 ms beyond the interpreter's, 2026-12-02,
+# bench/reap_bench.py), and nvmlInit releases the GIL: begun in a thread at the
+# top of a GPU command (helpers/entry.py), it runs while that command's modules
+# are imported.  backend() takes its result, or does the same work itself.
+_early: list[Any] = []                  # [lock held until done, result or exception]
+
+
+def start_nvml() -> None:
+    """Begin NVML's initialisation in the background, for backend()."""
+    if _early or os.environ.get("INFER_UNITS_FAKE_GPUS"):
+        return
+    import _thread     # threading's import costs more than the whole thread
+    done = _thread.allocate_lock()
+    done.acquire()
+    _early[:] = [done, None]
+
+    def run() -> None:
+        try:
+            _early[1] = _nvml_init()
+        except BaseException as e:      # noqa: BLE001 - backend() reports it, as without a thread
+            _early[1] = e
+        finally:
+            done.release()
+    _thread.start_new_thread(run, ())
+
+
+def _nvml_started() -> tuple[Any, list[Any]] | None:
+    """start_nvml()'s result once it is there, else the same work now."""
+    if not _early:
+        return _nvml_init()
+    done, _ = _early
+    with done:
+        result = _early[1]
+    if isinstance(result, BaseException):
+        raise result
+    return result
+
+
 def _text(value: bytes | str) -> str:
     return value.decode() if isinstance(value, bytes) else value
 
@@ -322,11 +371,9 @@ class NvmlBackend(Backend):
     name = "nvml"
     cheap_users = True
 
-    def __init__(self, nvml: Any) -> None:
+    def __init__(self, nvml: Any, handles: list[Any]) -> None:
         self.nvml = nvml
-        nvml.nvmlInit()
-        self._handles = [nvml.nvmlDeviceGetHandleByIndex(i)
-                         for i in range(nvml.nvmlDeviceGetCount())]
+        self._handles = handles
 
     def gpus(self) -> list[Gpu]:
         nvml = self.nvml
@@ -492,12 +539,12 @@ def backend() -> Backend:
         if fake:
             _backend = FakeBackend(fake)
         else:
-            nvml = _load_pynvml()
-            if nvml is not None:
-                try:
-                    _backend = NvmlBackend(nvml)
-                except Exception as e:  # NVMLError_LibraryNotFound, DriverNotLoaded, ...
-                    print(f"infer-units: NVML unavailable ({e}); using /proc", file=sys.stderr)
+            try:
+                started = _nvml_started()
+                if started is not None:
+                    _backend = NvmlBackend(*started)
+            except Exception as e:  # NVMLError_LibraryNotFound, DriverNotLoaded, ...
+                print(f"infer-units: NVML unavailable ({e}); using /proc", file=sys.stderr)
             if _backend is None:
                 if not os.path.isdir(NVIDIA_PROC):
                     raise GpuError("no NVIDIA driver: neither NVML nor /proc/driver/nvidia")

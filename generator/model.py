@@ -7,13 +7,14 @@ from .engines import ENGINE_SPECS, TEARDOWN_S, env_name, flag_value
 from .errors import ConfigError
 from .liveness import Liveness, build_liveness
 from .loader import MergedConfig
-from .nodes import Nodes, build_nodes
 from .settings import (BUILTIN_IGNORE, BY_KEY, DERIVED, FIXED_TABLES, SETTINGS, is_env_name,
                        is_pci, no_control, scalar_text, show)
 
 TYPE_CHECKING = False   # typing/dataclasses are too slow to import here
 if TYPE_CHECKING:
     from typing import Any
+
+    from .nodes import Nodes
 
     Gpus = list[str | int] | str   # "all" or a list of selectors
 
@@ -153,7 +154,10 @@ def build_model(merged: MergedConfig) -> Model:
             raise ConfigError(merged.file_of(key), key, str(e)) from None
     _cross_check(values, merged)
     spec = ENGINE_SPECS[values["engine"]]
-    nodes = build_nodes(values, merged, spec.health_path or "/health")
+    nodes = None
+    if any(values[key] is not None for key in _NODES_KEYS):
+        from .nodes import build_nodes     # one model across hosts: rare, and its own module
+        nodes = build_nodes(values, merged, spec.health_path or "/health")
     instance_args, ports = _instance_ports(merged.name, values, spec, merged)
     if nodes is not None:
         if nodes.is_head:
@@ -180,6 +184,7 @@ def build_model(merged: MergedConfig) -> Model:
     )
 
 
+_NODES_KEYS = tuple(s.key for s in SETTINGS if s.key.startswith("nodes."))
 # (key, Model attribute, conversion) of every setting the Model holds as it is.
 _DIRECT = tuple((s.key, s.attr, s.convert) for s in SETTINGS if s.attr != DERIVED)
 

@@ -44,14 +44,14 @@ class RenderedUnit:
         self.links = links    # directories to link from: "multi-user.target.wants"
 
 
-_FORMATS: dict[str, tuple[tuple[str, ...], tuple[tuple[str, bool], ...]]] = {}
+_FORMATS: dict[str, tuple[tuple[str, ...], tuple[str, ...], tuple[int, ...]]] = {}
 
 
-def _format_of(template: str) -> tuple[tuple[str, ...], tuple[tuple[str, bool], ...]]:
+def _format_of(template: str) -> tuple[tuple[str, ...], tuple[str, ...], tuple[int, ...]]:
     """The template as str.format would read it, split once: its literal
-    texts and, between them, its fields with whether each is optional (a
-    line that is only one placeholder is an optional block, gone when empty;
-    its value brings its own newline)."""
+    texts, the fields between them, and which fields are optional (a line
+    that is only one placeholder is an optional block, gone when empty; its
+    value brings its own newline)."""
     found = _FORMATS.get(template)
     if found is None:
         parts = []
@@ -69,7 +69,8 @@ def _format_of(template: str) -> tuple[tuple[str, ...], tuple[tuple[str, bool], 
                 if field is not None:
                     fields.append((field, optional))
                     literals.append("")
-        found = _FORMATS[template] = (tuple(literals), tuple(fields))
+        found = _FORMATS[template] = (tuple(literals), tuple(f for f, _ in fields),
+                                      tuple(i for i, (_, opt) in enumerate(fields) if opt))
     return found
 
 
@@ -104,12 +105,14 @@ def fill(template: str, values: dict[str, str]) -> str:
     """What text.format_map(values) gives, an optional block's newline added
     when it has a value; a join of the pieces (format_map cost a quarter of
     rendering)."""
-    literals, fields = _format_of(template)
-    out = [literals[0]]
-    for (key, optional), literal in zip(fields, literals[1:]):
-        value = values[key]
-        out.append(value + "\n" if optional and value else value)
-        out.append(literal)
+    literals, keys, optional = _format_of(template)
+    given = [values[key] for key in keys]
+    for i in optional:
+        if given[i]:
+            given[i] += "\n"
+    out = list(literals + literals[1:])     # any list of the right length
+    out[0::2] = literals
+    out[1::2] = given
     return "".join(out)
 
 

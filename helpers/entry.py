@@ -17,10 +17,10 @@ if TYPE_CHECKING:
     from typing import NoReturn
 
 
-def _start_nvml(argv: list[str]) -> None:
+def _warm_nvml(argv: list[str]) -> None:
     if argv[0] in NVML_FIRST and any(a == "--gpus" or a.startswith("--gpus=") for a in argv):
-        from .facts.gpus import start_nvml
-        start_nvml()
+        from .facts.gpus import warm_nvml
+        warm_nvml()
 
 
 def _run(scrub_hooks: bool) -> None:
@@ -33,11 +33,11 @@ def _run(scrub_hooks: bool) -> None:
             hookenv.scrub()
         else:
             hookenv.trust_caller()
-        _start_nvml(argv)                # after the scrub: it decides INFER_UNITS_FAKE_GPUS
+        _warm_nvml(argv)                 # after the scrub: it decides INFER_UNITS_FAKE_GPUS
         from .hooks.unit import run
         _exit(run(argv))
     if argv:
-        _start_nvml(argv)
+        _warm_nvml(argv)
     if argv and argv[0] in FAST and not {"-h", "--help"} & set(argv) \
             and "_INFER_UNITS_COMPLETE" not in os.environ:
         import importlib

@@ -320,47 +320,56 @@ def _nvml_init() -> tuple[Any, list[Any]] | None:
     nvml = _load_pynvml()
     if nvml is None:
         return None
+    _warmed()
     nvml.nvmlInit()
     return nvml, [nvml.nvmlDeviceGetHandleByIndex(i) for i in range(nvml.nvmlDeviceGetCount())]
 
 
-# NVML's start in a fresh process is the driver's work more than ours (on one
-# H200, import + nvmlInit + a query: ~50 ms beyond the interpreter's, 2026-12-02,
-# bench/reap_bench.py), and nvmlInit releases the GIL: begun in a thread at the
-# top of a GPU command (helpers/entry.py), it runs while that command's modules
-# are imported.  backend() takes its result, or does the same work itself.
-_early: list[Any] = []                  # [lock held until done, result or exception]
+# A fresh process's NVML start on one H200 (2026-12-02, .devscratch probe, in
+# process): pynvml's import 23 ms (8,000 lines, and ctypes.util with
+# subprocess, shutil, tempfile behind it), nvmlInit 10 ms, the GPU's first
+# handle (the driver attaching it) 7 ms.  The last two are the driver's ioctls,
+# which ctypes runs without the GIL: warm_nvml() starts them in a thread at the
+# top of a GPU command (helpers/entry.py), straight on the library, while the
+# command's modules and pynvml are imported.  NVML counts its inits and keeps
+# a GPU attached, so pynvml's own nvmlInit and handles then cost next to
+# nothing.  The warm-up's session is never shut down: the process ends first.
+_warming: list[Any] = []                # the lock the thread holds until it is done
 
 
-def start_nvml() -> None:
-    """Begin NVML's initialisation in the background, for backend()."""
-    if _early or os.environ.get("INFER_UNITS_FAKE_GPUS"):
+def warm_nvml() -> None:
+    """Begin NVML's init and each GPU's attach in the background."""
+    if _warming or os.environ.get("INFER_UNITS_FAKE_GPUS"):
         return
     import _thread     # threading's import costs more than the whole thread
     done = _thread.allocate_lock()
     done.acquire()
-    _early[:] = [done, None]
+    _warming.append(done)
 
     def run() -> None:
         try:
-            _early[1] = _nvml_init()
-        except BaseException as e:      # noqa: BLE001 - backend() reports it, as without a thread
-            _early[1] = e
+            import ctypes
+            lib = ctypes.CDLL("libnvidia-ml.so.1")
+            if lib.nvmlInit_v2() == 0:
+                count, handle = ctypes.c_uint(0), ctypes.c_void_p()
+                if lib.nvmlDeviceGetCount_v2(ctypes.byref(count)) == 0:
+                    for i in range(count.value):
+                        lib.nvmlDeviceGetHandleByIndex_v2(i, ctypes.byref(handle))
+        except BaseException:       # noqa: BLE001 - no library, no driver: pynvml says so after
+            pass
         finally:
             done.release()
-    _thread.start_new_thread(run, ())
+    try:
+        _thread.start_new_thread(run, ())
+    except RuntimeError:            # no thread to be had: pynvml does it all later
+        done.release()
 
 
-def _nvml_started() -> tuple[Any, list[Any]] | None:
-    """start_nvml()'s result once it is there, else the same work now."""
-    if not _early:
-        return _nvml_init()
-    done, _ = _early
-    with done:
-        result = _early[1]
-    if isinstance(result, BaseException):
-        raise result
-    return result
+def _warmed() -> None:
+    """Wait for warm_nvml()'s thread, if one was started."""
+    for done in _warming:
+        with done:
+            pass
 
 
 def _text(value: bytes | str) -> str:
@@ -540,7 +549,7 @@ def backend() -> Backend:
             _backend = FakeBackend(fake)
         else:
             try:
-                started = _nvml_started()
+                started = _nvml_init()
                 if started is not None:
                     _backend = NvmlBackend(*started)
             except Exception as e:  # NVMLError_LibraryNotFound, DriverNotLoaded, ...

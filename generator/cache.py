@@ -10,7 +10,9 @@ What makes it correct: a run's output is a function of what it read.  The
 loader records every read it makes of the host (generator/loader.py RECORD:
 the directory listings, file contents, masks and unit-path look-ups, with
 their answers); everything else the run depends on is in the key: the whole
-environment (but SYSTEMD_EXEC_PID: our own pid), argv, the host name, the interpreter, the CLI path units call,
+environment (but SYSTEMD_EXEC_PID: our own pid), argv[0] and the number of
+arguments (not the output directories: where the units go does not change
+them), the host name, the interpreter, the CLI path units call,
 and the identity (inode, size, mtime, ctime) of every file of the package's
 code.  A hit asks the same questions again and requires the same answers,
 byte for byte (no hash: nothing can collide).  Only runs that logged nothing
@@ -40,7 +42,7 @@ if TYPE_CHECKING:
     from typing import Any
 
 CACHE_PATH = os.path.join(RUN_DIR, "generator.cache")
-FORMAT = 1
+FORMAT = 2
 
 
 class CachedUnit:
@@ -85,8 +87,11 @@ _PER_PROCESS_ENV = frozenset({"SYSTEMD_EXEC_PID"})
 
 def run_key(hook_cli: str) -> tuple[Any, ...]:
     env = tuple(sorted(item for item in os.environ.items() if item[0] not in _PER_PROCESS_ENV))
-    return (FORMAT, sys.version, tuple(sys.argv), env, os.uname().nodename, hook_cli,
-            code_identity())
+    # The directories in argv are where units go, not what they say: a run
+    # into another directory replays (systemd's is the same at every run;
+    # tests and `render --output` use others).
+    return (FORMAT, sys.version, (sys.argv[0], len(sys.argv)), env, os.uname().nodename,
+            hook_cli, code_identity())
 
 
 def _trusted_fd(path: str) -> int | None:

@@ -29,6 +29,19 @@ def parse_duration(text: str | int | float) -> float:
         raise ValueError("expected a time span like \"10s\" or \"2min\"")
     if isinstance(text, (int, float)):
         return _bounded(text, text)
+    known = _SPANS.get(text)
+    if known is not None:
+        return known
+    _SPANS[text] = seconds = _parse(text)
+    return seconds
+
+
+# The spans read so far ("30min" in every model's drop-in is read once); only
+# those that parsed: a bad one raises every time.
+_SPANS: dict[str, float] = {}
+
+
+def _parse(text: str) -> float:
     s = text.strip(" ")
     if not s:
         raise ValueError("empty time span")

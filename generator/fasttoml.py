@@ -57,9 +57,11 @@ class _Parser:
     def skip_comment(self) -> None:
         end = self.s.find("\n", self.i)
         end = self.n if end < 0 else end
-        for ch in self.s[self.i:end]:
-            if (ch < " " and ch != "\t") or ch == "\x7f":
-                self.fail()
+        text = self.s[self.i:end]
+        if not text.isprintable():      # printable has no control character: most comments
+            for ch in text:
+                if (ch < " " and ch != "\t") or ch == "\x7f":
+                    self.fail()
         self.i = end
 
     def end_of_line(self) -> None:
@@ -188,7 +190,7 @@ class _Parser:
     def array(self) -> list[Any]:
         self.i += 1
         self.depth += 1
-        if self.depth > 8:
+        if self.depth > 8:      # loader._copied relies on this bound (and on 18 digits)
             self.fail()
         items: list[Any] = []
         while True:
@@ -232,6 +234,22 @@ class _Parser:
                 table = root[name] = {}
                 self.end_of_line()
                 continue
+            # Most lines are `key = value` with a value of one line (a string
+            # without escapes, an integer, a boolean, an array of those):
+            # read whole by _line_value; anything else, char by char below.
+            end = self.s.find("\n", self.i)
+            if end < 0:
+                end = self.n
+            key, eq, rest = self.s[self.i:end].partition("=")
+            key = key.rstrip(" \t")
+            if eq and key and _BARE.issuperset(key):
+                value = _line_value(rest.strip(" \t"))
+                if value is not _NO:
+                    if key in table:
+                        self.fail()
+                    table[key] = value
+                    self.i = end
+                    continue
             key = self.bare_key()
             self.skip_ws()
             if self.i >= self.n or self.s[self.i] != "=":
@@ -244,9 +262,113 @@ class _Parser:
             self.end_of_line()
 
 
+_NO: Any = object()      # _line_value: not a value it reads whole
+
+
+def _line_int(text: str) -> Any:
+    """An integer as _Parser.integer() reads it (sign, no leading zero, at
+    most 18 digits), else _NO."""
+    digits = text[1:] if text[:1] in ("+", "-") else text
+    if digits.isascii() and digits.isdigit() and len(digits) <= 18 \
+            and (digits[0] != "0" or len(digits) == 1):
+        return int(text)
+    return _NO
+
+
+def _line_value(text: str) -> Any:
+    """The value that is all of `text` (the rest of a line, stripped) when it
+    is one of the common simple forms, else _NO (the char parser decides,
+    errors included).  Only what the char parser reads the same."""
+    if not text:
+        return _NO
+    first, last = text[0], text[-1]
+    if first == '"' or first == "'":
+        inner = text[1:-1]
+        # One string, no escapes (a backslash is one only in "..."), no
+        # control character (printable has none; tabs go the long way).
+        if len(text) >= 2 and last == first and first not in inner and inner.isprintable() \
+                and (first == "'" or "\\" not in inner):
+            return inner
+        return _NO
+    if first == "[":
+        if last != "]":
+            return _NO
+        inner = text[1:-1]
+        if not inner.strip(" \t"):
+            return []
+        if '"' in inner:
+            # An array of basic strings: between the quotes, only commas
+            # (one after each string but the last, where it may be left out).
+            if "\\" in inner:
+                return _NO
+            parts = inner.split('"')
+            if len(parts) % 2 == 0 or parts[0].strip(" \t"):
+                return _NO
+            items: list[Any] = []
+            for i in range(1, len(parts), 2):
+                between = parts[i + 1].strip(" \t")
+                if not parts[i].isprintable() or \
+                        (between != "," and not (between == "" and i == len(parts) - 2)):
+                    return _NO
+                items.append(parts[i])
+            return items
+        words = inner.split(",")
+        if not words[-1].strip(" \t") and len(words) > 1:
+            words.pop()                 # a trailing comma
+        items = []
+        for word in words:
+            word = word.strip(" \t")
+            value = True if word == "true" else False if word == "false" else _line_int(word)
+            if value is _NO:
+                return _NO
+            items.append(value)
+        return items
+    if text == "true":
+        return True
+    if text == "false":
+        return False
+    return _line_int(text)
+
+
+def _by_lines(text: str) -> dict[str, Any] | None:
+    """The document when every line is blank, a comment, a [table] header or
+    `key = value` with a _line_value (almost every model file), else None:
+    then _Parser reads it from the start.  A line at a time: the per-line
+    work is C (split, strip, partition), not a loop over characters."""
+    if "\r" in text:
+        return None                     # CRLF and stray CRs: _Parser's care
+    root: dict[str, Any] = {}
+    table = root
+    for line in text.split("\n"):
+        line = line.strip(" \t")
+        if not line:
+            continue
+        first = line[0]
+        if first == "#":
+            if not line.isprintable():  # a control character, or a tab: _Parser decides
+                return None
+            continue
+        if first == "[":
+            name = line[1:-1].strip(" \t")
+            if line[-1] != "]" or not name or not _BARE.issuperset(name) or name in root:
+                return None
+            table = root[name] = {}
+            continue
+        key, eq, rest = line.partition("=")
+        key = key.rstrip(" \t")
+        if not eq or not key or not _BARE.issuperset(key) or key in table:
+            return None
+        value = _line_value(rest.lstrip(" \t"))
+        if value is _NO:
+            return None
+        table[key] = value
+    return root
+
+
 def loads(data: bytes) -> dict[str, Any]:
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError:
         raise Unsupported("not UTF-8") from None
-    return _Parser(text).document()
+    found = _by_lines(text)
+    return _Parser(text).document() if found is None else found

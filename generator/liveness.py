@@ -86,18 +86,28 @@ def build_liveness(values: dict[str, Any], merged: MergedConfig,
     # The longest names of its own: the template units' instances, the
     # drop-in directories the generator may write for them (NAME.service.d),
     # and the probe's state NAME.liveness.json through its temporary name.
-    from .loader import TEMP_EXTRA
-    longest = max((probe_name(merged.name) + ".d", timer_name(merged.name) + ".d",
-                   group_watch_name(merged.name),
-                   "x" * TEMP_EXTRA + merged.name + ".liveness.json"), key=len)
-    if len(longest) > UNIT_NAME_MAX:
+    longest = len(merged.name) + _longest_extra()
+    if longest > UNIT_NAME_MAX:
+        from .loader import TEMP_EXTRA
         limit = UNIT_NAME_MAX - max(len(probe_name("")) + 2, TEMP_EXTRA + len(".liveness.json"))
         fail("liveness.interval", f"the model's name is too long for its liveness units "
-             f"and state (names of up to {len(longest)} characters, file and unit names "
+             f"and state (names of up to {longest} characters, file and unit names "
              f"allow {UNIT_NAME_MAX}; at most {limit} with liveness): shorten the name, "
              'or turn liveness off (interval = "0")')
     return Liveness(interval, values["liveness.failures"], timeout,
                     values["liveness.max-restarts"], values["liveness.restart-window"], probe)
+
+
+_EXTRA: list[int] = []
+
+
+def _longest_extra() -> int:
+    """What the longest name of a model's own (above) adds to the model's name."""
+    if not _EXTRA:
+        from .loader import TEMP_EXTRA
+        _EXTRA.append(max(len(probe_name("")) + 2, len(timer_name("")) + 2,
+                          len(group_watch_name("")), TEMP_EXTRA + len(".liveness.json")))
+    return _EXTRA[0]
 
 
 # The templates' own values (units/systemd/infer-units-liveness@.*): a model

@@ -115,9 +115,11 @@ def _is_masked(path: str) -> bool:
 def _masked(path: str) -> bool:
     """A symlink to /dev/null or an empty regular file (a FIFO is not empty: it is refused)."""
     try:
-        if os.path.islink(path) and os.path.realpath(path) == "/dev/null":
-            return True
-        st = os.stat(path)
+        st = os.lstat(path)             # one call for the usual file (not a link)
+        if stat.S_ISLNK(st.st_mode):
+            if os.path.realpath(path) == "/dev/null":
+                return True
+            st = os.stat(path)
         return stat.S_ISREG(st.st_mode) and st.st_size == 0
     except (OSError, ValueError):
         return False
@@ -163,7 +165,9 @@ def forget_cache() -> None:
     _system_units_listed.clear()
 
 
-_parsed: dict[str, dict[str, Any]] = {}   # host-wide drop-ins are read once per run
+# Host-wide drop-ins are read once per run.  With each file: whether
+# fasttoml read it, which bounds what _merge must check (see _copied).
+_parsed: dict[str, tuple[dict[str, Any], bool]] = {}
 
 
 def _read_bytes(path: str) -> bytes:
@@ -211,15 +215,17 @@ def read_file(path: str) -> bytes:
         os.close(fd)
 
 
-def _read_toml(path: str) -> dict[str, Any]:
-    if path in _parsed:
-        return _parsed[path]
-    data = _read_bytes(path)
-    try:
-        _parsed[path] = fasttoml.loads(data)
-    except fasttoml.Unsupported:
-        _parsed[path] = _tomllib_loads(path, data)
-    return _parsed[path]
+def _read_toml(path: str) -> tuple[dict[str, Any], bool]:
+    """The file's table, and True when fasttoml read it."""
+    found = _parsed.get(path)
+    if found is None:
+        data = _read_bytes(path)
+        try:
+            found = (fasttoml.loads(data), True)
+        except fasttoml.Unsupported:
+            found = (_tomllib_loads(path, data), False)
+        _parsed[path] = found
+    return found
 
 
 def _tomllib_loads(path: str, data: bytes) -> dict[str, Any]:
@@ -248,16 +254,18 @@ def _too_deep(path: str, dotted: str) -> ConfigError:
 
 
 def _merge(dst: dict[str, Any], src: dict[str, Any], path: str,
-           origin: dict[str, str], prefix: str = "", depth: int = 0) -> None:
+           origin: dict[str, str], prefix: str = "", depth: int = 0,
+           checked: bool = False) -> None:
+    """`checked`: src is fasttoml's, whose limits are within _deep_copy's."""
     if depth > MAX_DEPTH:
         raise _too_deep(path, prefix)
     for key, value in src.items():
         dotted = f"{prefix}{key}"
         old = dst.get(key)
         if isinstance(value, dict) and isinstance(old, dict):
-            _merge(old, value, path, origin, dotted + ".", depth + 1)
+            _merge(old, value, path, origin, dotted + ".", depth + 1, checked)
             continue
-        dst[key] = _deep_copy(value, path, dotted, depth + 1)
+        dst[key] = _copied(value) if checked else _deep_copy(value, path, dotted, depth + 1)
         if isinstance(old, dict):
             # A replaced table forgets where its old keys came from: walk the
             # old table (not every origin: that made merging quadratic).
@@ -289,6 +297,18 @@ def _deep_copy(value: Any, path: str, dotted: str, depth: int) -> Any:
     return value
 
 
+def _copied(value: Any) -> Any:
+    """_deep_copy of a value fasttoml read, without its checks: fasttoml reads
+    integers of at most 18 digits (below 2**63) and arrays at most 8 deep in
+    tables 1 deep, so none of them could fail."""
+    if type(value) is dict:
+        return {k: _copied(v) if type(v) in _CONTAINERS else v for k, v in value.items()}
+    if type(value) is list:
+        return [_copied(v) if type(v) in _CONTAINERS else v for v in value]
+    return value
+
+
+_CONTAINERS = (dict, list)
 _drop_in_lists: dict[tuple[tuple[str, ...], str], list[str]] = {}   # host-wide: once per run
 
 
@@ -438,7 +458,8 @@ def load_model(name: str, main_path: str, dirs: list[str] | None = None) -> Merg
     files = (_drop_ins(dirs, f"{DEFAULTS_NAME}.toml.d") + [main_path]
              + _drop_ins(dirs, f"{name}.toml.d"))
     for path in files:
-        _merge(merged.data, _read_toml(path), path, merged.origin)
+        table, checked = _read_toml(path)
+        _merge(merged.data, table, path, merged.origin, checked=checked)
         merged.sources.append(path)
     return merged
 

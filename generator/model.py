@@ -7,13 +7,14 @@ from .engines import ENGINE_SPECS, TEARDOWN_S, env_name, flag_value
 from .errors import ConfigError
 from .liveness import Liveness, build_liveness
 from .loader import MergedConfig
-from .nodes import Nodes, build_nodes
 from .settings import (BUILTIN_IGNORE, BY_KEY, DERIVED, FIXED_TABLES, SETTINGS, is_env_name,
                        is_pci, no_control, scalar_text, show)
 
 TYPE_CHECKING = False   # typing/dataclasses are too slow to import here
 if TYPE_CHECKING:
     from typing import Any
+
+    from .nodes import Nodes
 
     Gpus = list[str | int] | str   # "all" or a list of selectors
 
@@ -130,7 +131,8 @@ def _nccl_name(key: str) -> str:
 def build_model(merged: MergedConfig) -> Model:
     _check_path(merged.main_path)
     flat = _flatten(merged.data, merged)
-    values: dict[str, Any] = {}
+    # Every setting's default (shared objects, as always), then what the files set, checked.
+    values = {key: setting.default for key, setting in BY_KEY.items()}
     nccl_env: dict[str, str] = {}
     for key, raw in flat.items():
         if key.startswith("nccl.") and key != "nccl.p2p":
@@ -150,11 +152,12 @@ def build_model(merged: MergedConfig) -> Model:
             values[key] = setting.check(raw)
         except ValueError as e:
             raise ConfigError(merged.file_of(key), key, str(e)) from None
-    for key, setting in BY_KEY.items():
-        values.setdefault(key, setting.default)
     _cross_check(values, merged)
     spec = ENGINE_SPECS[values["engine"]]
-    nodes = build_nodes(values, merged, spec.health_path or "/health")
+    nodes = None
+    if any(values[key] is not None for key in _NODES_KEYS):
+        from .nodes import build_nodes     # one model across hosts: rare, and its own module
+        nodes = build_nodes(values, merged, spec.health_path or "/health")
     instance_args, ports = _instance_ports(merged.name, values, spec, merged)
     if nodes is not None:
         if nodes.is_head:
@@ -181,6 +184,7 @@ def build_model(merged: MergedConfig) -> Model:
     )
 
 
+_NODES_KEYS = tuple(s.key for s in SETTINGS if s.key.startswith("nodes."))
 # (key, Model attribute, conversion) of every setting the Model holds as it is.
 _DIRECT = tuple((s.key, s.attr, s.convert) for s in SETTINGS if s.attr != DERIVED)
 

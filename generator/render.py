@@ -14,7 +14,7 @@ from .liveness import (DEFAULT_INTERVAL_S, DROPIN, PROBE_MARGIN_S, TEMPLATE_PROB
 from .model import Model
 from .settings import BUILTIN_IGNORE
 from .systemd_quote import (comment_text, environment_assignment, exec_line, exec_word,
-                            path_value, plain_value)
+                            exec_words, path_value, plain_value)
 
 from .paths import HOOK_CLI, RUN_DIR   # the installed CLI the hooks call (generator/paths.py)
 ENV_FILE_DIR = RUN_DIR
@@ -44,36 +44,76 @@ class RenderedUnit:
         self.links = links    # directories to link from: "multi-user.target.wants"
 
 
-_FORMATS: dict[str, tuple[str, tuple[str, ...]]] = {}
+_FORMATS: dict[str, tuple[tuple[str, ...], tuple[str, ...], tuple[int, ...]]] = {}
 
 
-def _format_of(template: str) -> tuple[str, tuple[str, ...]]:
-    """The template as one str.format string, and its optional keys: a line
-    that is only one placeholder is an optional block, gone when empty (its
+def _format_of(template: str) -> tuple[tuple[str, ...], tuple[str, ...], tuple[int, ...]]:
+    """The template as str.format would read it, split once: its literal
+    texts, the fields between them, and which fields are optional (a line
+    that is only one placeholder is an optional block, gone when empty; its
     value brings its own newline)."""
     found = _FORMATS.get(template)
     if found is None:
-        parts, optional = [], []
+        parts = []
         for line in TEMPLATES[template]:
             if line.startswith("{") and line.endswith("}") and line.count("{") == 1 \
                     and line[1:-1].isidentifier():
                 parts.append(line)
-                optional.append(line[1:-1])
             else:
                 parts.append(line + "\n")
-        found = _FORMATS[template] = ("".join(parts), tuple(optional))
+        literals, fields = [""], []
+        for part in parts:
+            optional = part.endswith("}")       # the only part without its newline
+            for text, field in _fields(part):
+                literals[-1] += text
+                if field is not None:
+                    fields.append((field, optional))
+                    literals.append("")
+        found = _FORMATS[template] = (tuple(literals), tuple(f for f, _ in fields),
+                                      tuple(i for i, (_, opt) in enumerate(fields) if opt))
     return found
 
 
+def _fields(part: str) -> list[tuple[str, str | None]]:
+    """(literal text, then the {field} after it or None), as str.format reads
+    `part`: "{{" and "}}" are braces; a field is a plain name (the compiled
+    templates have no other)."""
+    out: list[tuple[str, str | None]] = []
+    text, i = "", 0
+    while i < len(part):
+        c = part[i]
+        if c in "{}" and part.startswith(c + c, i):
+            text, i = text + c, i + 2
+        elif c == "{":
+            end = part.find("}", i)
+            field = part[i + 1:end]
+            if end < 0 or not field.isidentifier():
+                raise ValueError(f"template line {part!r}: not a plain {{field}}")
+            out.append((text, field))
+            text, i = "", end + 1
+        elif c == "}":
+            raise ValueError(f"template line {part!r}: a single '}}'")
+        else:
+            end = min((j for j in (part.find("{", i), part.find("}", i)) if j >= 0),
+                      default=len(part))
+            text, i = text + part[i:end], end
+    out.append((text, None))
+    return out
+
+
 def fill(template: str, values: dict[str, str]) -> str:
-    """One format_map per unit (a loop over its lines cost a third of rendering)."""
-    text, optional = _format_of(template)
-    if optional:
-        values = dict(values)
-        for key in optional:
-            if values[key]:
-                values[key] += "\n"
-    return text.format_map(values)
+    """What text.format_map(values) gives, an optional block's newline added
+    when it has a value; a join of the pieces (format_map cost a quarter of
+    rendering)."""
+    literals, keys, optional = _format_of(template)
+    given = [values[key] for key in keys]
+    for i in optional:
+        if given[i]:
+            given[i] += "\n"
+    out = list(literals + literals[1:])     # any list of the right length
+    out[0::2] = literals
+    out[1::2] = given
+    return "".join(out)
 
 
 def health_url(m: Model) -> str | None:
@@ -124,10 +164,11 @@ def _engine_argv(m: Model) -> str:
         words += _node_args(m)
     if spec.p2p_off_args and m.nccl_p2p == "off":
         words += spec.p2p_off_args
-    argv += "".join(" " + exec_word(w) for w in words)
+    if words:
+        argv += " " + exec_words(words)
     if spec.p2p_off_args and m.nccl_p2p == "auto":
         argv += f" ${P2P_ARGS_VAR}"     # the self-test's verdict, as words (or none)
-    return argv + "".join(" " + exec_word(a) for a in m.args)
+    return argv + " " + exec_words(m.args) if m.args else argv
 
 
 def _node_args(m: Model) -> list[str]:
@@ -164,8 +205,14 @@ def _environment(m: Model) -> list[str]:
     return [f"Environment={environment_assignment(k, v)}" for k, v in env.items()]
 
 
+# The constant heads of the Exec lines every model has, quoted once.
+_HOOK = exec_word(HOOK_CLI, first=True)
+_WAIT_READY = exec_line([*BLOCK_SIGTERM, HOOK_CLI, "wait-ready", "--url"])
+
+
 def _hook(*argv: str) -> str:
-    return exec_line([HOOK_CLI, *argv])
+    """exec_line([HOOK_CLI, *argv])."""
+    return _HOOK + " " + exec_words(argv)
 
 
 def _ignore_args(m: Model) -> list[str]:
@@ -269,6 +316,7 @@ def _description(m: Model) -> str:
 # stops the model), and always removes it, so a stale marker can never fail
 # a later, ordinary stop.
 _CAP_SCRIPT = "m=$(cat $1 2>/dev/null) || exit 0; rm -f $1; test x$m != x$INVOCATION_ID"
+_CAP_HEAD = exec_line(["/bin/sh", "-c", _CAP_SCRIPT, "liveness-cap"])   # then the marker
 
 
 def _liveness(m: Model, url: str | None) -> tuple[str, str]:
@@ -278,8 +326,7 @@ def _liveness(m: Model, url: str | None) -> tuple[str, str]:
     wants = [timer_name(m.name)]
     if m.nodes is not None:
         wants.append(group_watch_name(m.name))
-    cap = exec_line(["/bin/sh", "-c", _CAP_SCRIPT, "liveness-cap",
-                     cap_marker(m.name, state_dir(m.env))])
+    cap = _CAP_HEAD + " " + exec_word(cap_marker(m.name, state_dir(m.env)))
     return "\n".join(f"Wants={w}" for w in wants), "ExecStopPost=+" + cap
 
 
@@ -331,9 +378,8 @@ def render(m: Model) -> RenderedUnit:
         # handler is in place, would otherwise end the hook by default action
         # and leave a loading server that ignores SIGTERM to TimeoutStopSec.
         # wait-ready unblocks it once its handler is installed.
-        post.append("ExecStartPost=" + exec_line([
-            *BLOCK_SIGTERM, HOOK_CLI,
-            "wait-ready", "--url", url, "--timeout", format_seconds(m.ready_timeout),
+        post.append("ExecStartPost=" + _WAIT_READY + " " + exec_words([
+            url, "--timeout", format_seconds(m.ready_timeout),
             "--interval", format_seconds(m.ready_interval),
             "--probe-timeout", format_seconds(m.ready_probe_timeout)]) + " --pid $MAINPID")
     selector = m.gpu_selector()

@@ -7,9 +7,6 @@ reference in the README (`python3 -m infer_units.generator.settings` prints it).
 from __future__ import annotations
 
 from .durations import parse_duration
-from .nodes import check_addr, check_hosts, check_rank
-from .urls import check_host as urls_check_host
-from .urls import parse_url
 
 # typing and dataclasses cost more than the generator's whole budget to import
 # (bench/generator_bench.py): names for the type checker only.
@@ -125,22 +122,43 @@ def check_operand(value: Any) -> str:
     return value
 
 
+# urls.py and nodes.py are imported by the checks that need them: most
+# models set no URL, host or [nodes], and every module costs the generator
+# its import (bench/generator_bench.py).
 def check_url(value: Any) -> str:
     """A health URL, read as every hook reads it (urls.py)."""
+    from .urls import parse_url
     parse_url(check_str(value))
     return value
 
 
 def check_host(value: Any) -> str:
     """The address the server binds: a name or an IP address, no port (urls.py)."""
+    from .urls import check_host as urls_check_host
     return urls_check_host(check_str(value))
+
+
+def check_hosts(value: Any) -> list[str]:
+    from .nodes import check_hosts as check
+    return check(value)
+
+
+def check_addr(value: Any) -> str:
+    from .nodes import check_addr as check
+    return check(value)
+
+
+def check_rank(value: Any) -> int:
+    from .nodes import check_rank as check
+    return check(value)
 
 
 def check_program(value: Any) -> str:
     """The first word of an Exec line: an absolute, normalized path, or a bare
     name systemd looks up in its PATH (what `systemd-analyze verify` accepts)."""
     value = no_control(check_nonempty_str(value))
-    for ch in value:
+    # Printable text has no whitespace but " " (the loop's only question).
+    for ch in "" if value.isprintable() else value:
         if ch != " " and (ch.isspace() or not ch.isprintable()):
             # systemd's string_is_safe() refuses every control character (a tab
             # too: "Executable name contains special characters"), and other

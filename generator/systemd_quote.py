@@ -28,11 +28,32 @@ def exec_word(word: str, first: bool = False) -> str:
     """One argv word for ExecStart= and friends (`first`: the program)."""
     if word and _SAFE.issuperset(word) and not (first and word[0] in _PREFIXES):
         return word
+    # Printable text has none of the table's control characters (translate()
+    # with a dict is a look-up per character): only these four to escape.
+    if word.isprintable() and "\\" not in word and '"' not in word and "%" not in word \
+            and "$" not in word:
+        return '"' + word + '"'
     return '"' + word.translate(_EXEC_TABLE) + '"'
 
 
+_SAFE_LINE = _SAFE | {" "}
+
+
 def exec_line(argv: list[str] | tuple[str, ...]) -> str:
-    return " ".join(exec_word(w, i == 0) for i, w in enumerate(argv))
+    line = exec_words(argv)
+    if argv and line[:1] in _PREFIXES:
+        return exec_word(argv[0], True) + line[len(argv[0]):]     # it needs quotes after all
+    return line
+
+
+def exec_words(words: list[str] | tuple[str, ...]) -> str:
+    """Words for an Exec line, none of them the program (exec_line), joined."""
+    line = " ".join(words)
+    # Fast path, most lines: every word safe.  The joins add len-1 spaces, so
+    # one space more means a word has one (and needs quotes).
+    if _SAFE_LINE.issuperset(line) and line.count(" ") == len(words) - 1 and "" not in words:
+        return line
+    return " ".join([exec_word(w) for w in words])
 
 
 def environment_assignment(name: str, value: str) -> str:
@@ -54,6 +75,8 @@ def plain_value(text: str) -> str:
     """Text for directives that expand specifiers but do not unquote
     (Description=): control characters become spaces (nothing can end the
     line), and a trailing backslash, which would continue it, is dropped."""
+    if text.isprintable():      # no control character: only '%' to double
+        return (text.replace("%", "%%") if "%" in text else text).rstrip("\\")
     return text.translate(_PLAIN_TABLE).rstrip("\\")
 
 
@@ -87,20 +110,26 @@ def comment_text(text: str) -> str:
 # systemd's read_line() ends a line at LF, CR or NUL; lines over LONG_LINE_MAX
 # (1 MiB) fail the whole unit.
 _LINE_MAX = 1 << 20
-_BAD_BYTES = bytes((*range(0x09), *range(0x0B, 0x20), 0x7F))   # controls but TAB and LF
+_BAD_CHARS = tuple(chr(c) for c in (*range(0x09), *range(0x0B, 0x20), 0x7F))   # controls but TAB, LF
 
 
 def unit_text_problem(text: str) -> str | None:
     """The last line of defence before a unit is written: None when every
     line is a line systemd reads as we meant it, else why not."""
-    try:
-        data = text.encode("utf-8")
-    except UnicodeEncodeError:
-        return "would not be valid UTF-8"
-    if len(data.translate(None, _BAD_BYTES)) != len(data):
-        return "would contain a control character (CR, NUL, ...)"
-    if "\\\n" in text or text.endswith("\\"):
+    if text.isascii():
+        size = len(text)
+    else:
+        try:
+            size = len(text.encode("utf-8"))
+        except UnicodeEncodeError:
+            return "would not be valid UTF-8"
+    # One memchr() a character (all ASCII: in UTF-8 they are those bytes):
+    # less than half of a translate() of the whole unit.
+    for c in _BAD_CHARS:
+        if c in text:
+            return "would contain a control character (CR, NUL, ...)"
+    if "\\" in text and ("\\\n" in text or text.endswith("\\")):
         return "would contain a line ending in a backslash (a line continuation)"
-    if len(data) >= _LINE_MAX and any(len(l.encode()) >= _LINE_MAX for l in text.split("\n")):
+    if size >= _LINE_MAX and any(len(l.encode()) >= _LINE_MAX for l in text.split("\n")):
         return "would contain a line longer than systemd reads (1 MiB)"
     return None

@@ -27,6 +27,11 @@ ACCEPTED = [
     "key-with_dash = 1\n123 = 2\n",
     'a = "ünï 模型"\n',
     'a = "tab\there"\n',
+    # The one-line forms read whole (fasttoml._line_value), and their neighbours.
+    'args = ["--flag", "a, b", "[x]", "#not a comment", "100% $HOME", "it\'s"]\n',
+    "a = ['lit \"q\" \\ back']\nb = 'say \"hi\"'\nc = [\"x\",]\nd = [ ]\n",
+    "gpus = [0, 1, -2, +3]\nf = [true, false, 0]\ne = [1,]\n",
+    'a = "x" # comment\nb = [1, 2] # comment\nc = ["a", 1]\nd = ["x"] # c]\n',
 ]
 
 REJECTED = [
@@ -37,6 +42,9 @@ REJECTED = [
     'a = "unterminated\n', "a = [1, 2\n", "a = truex\n", "a = 1 2\n", "a =\n",
     "= 1\n", 'a = "ctrl \x01"\n', "a = 1\rb = 2\n", "a = 1 # bad \x00\n",
     'a = "\\ud800"\n', "a = [1,,2]\n", "a = -\n", "a = inf\n",
+    'a = "x" "y"\n', 'a = ["a" "b"]\n', 'a = ["a",, "b"]\n', "a = [1 2]\n", "a = [,]\n",
+    "a = 'x' 'y'\n", 'a = ["x"], ["y"]\n', "a = [00]\n", "a = +\n",
+    'a = ["x\\"]\n', 'a = "x\\"\n', 'a = ["x"\n',
     # Left to tomllib (and to the loader's limits): may not fit 64 bits, or
     # nested deeper than any model file (fasttoml must not recurse into a
     # RecursionError of its own).
@@ -112,3 +120,19 @@ def test_random_mutations_never_disagree() -> None:
     # A fasttoml that declined everything would agree vacuously: most mutations
     # (a space, a comment, another digit) stay in its subset and must be read.
     assert accepted >= MIN_ACCEPTED, f"fasttoml read only {accepted} of 4000 mutations"
+
+
+def test_what_fasttoml_reads_is_within_the_loaders_limits() -> None:
+    """loader._copied skips _deep_copy's checks for fasttoml's tables: the
+    deepest array and the longest integer fasttoml reads must pass them."""
+    from infer_units.generator import loader
+    deepest = "a = " + "[" * 8 + "1" + "]" * 8 + "\n"
+    assert fasttoml.loads(deepest.encode()) == tomllib.loads(deepest)
+    with pytest.raises(fasttoml.Unsupported):
+        fasttoml.loads(("a = " + "[" * 9 + "1" + "]" * 9 + "\n").encode())
+    widest = "[t]\na = -999999999999999999\nb = 999999999999999999\n"
+    table = fasttoml.loads(widest.encode())
+    # A table's value is merged at depth 2; each array level adds one.
+    loader._deep_copy(table["t"]["a"], "f", "t.a", 2)
+    loader._deep_copy(fasttoml.loads(deepest.encode())["a"], "f", "t.a", 2)
+    assert loader._copied(table) == table and loader._copied(table)["t"] is not table["t"]

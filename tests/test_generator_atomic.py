@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import resource
+import stat
 import subprocess
 import uuid
 from pathlib import Path
@@ -127,3 +128,50 @@ def test_full_tmpfs_keeps_the_old_unit_or_none(tmp_path: Path, tiny_tmpfs: Path)
     (tiny_tmpfs / "filler").unlink()
     done = generate(out, etc)
     assert done.stderr == "" and (out / "big.service").read_text() == whole_unit(tmp_path, etc)
+
+
+def test_write_new_names_the_file_whole_and_leaves_existing_names_to_write(tmp_path: Path) -> None:
+    """Dir.write_new (the generator's writes): into a free name, the file appears
+    whole with its mode whatever the umask; a name already taken is write()'s:
+    a regular file is replaced, a planted link or FIFO is refused and left as
+    it was (nothing written through it, no hang), and nothing is left over."""
+    from infer_units.generator.atomicfile import UnsafePath, open_dir
+    out = tmp_path / "out"
+    out.mkdir()
+    victim = tmp_path / "victim"
+    victim.write_text("keep\n")
+    (out / "link.service").symlink_to(victim)
+    os.mkfifo(out / "fifo.service")
+    (out / "old.service").write_text(OLD)
+    old_umask = os.umask(0o077)
+    try:
+        with open_dir(str(out)) as d:
+            d.write_new("new.service", "new\n")
+            d.write_new("old.service", b"replaced\n")
+            for name in ("link.service", "fifo.service"):
+                with pytest.raises(UnsafePath, match="not a regular file"):
+                    d.write_new(name, "evil\n")
+            with pytest.raises(ValueError):
+                d.write_new("../escape.service", "x\n")
+    finally:
+        os.umask(old_umask)
+    assert (out / "new.service").read_text() == "new\n"
+    assert stat.S_IMODE((out / "new.service").stat().st_mode) == 0o644
+    assert (out / "old.service").read_text() == "replaced\n"
+    assert victim.read_text() == "keep\n" and (out / "link.service").is_symlink()
+    assert stat.S_ISFIFO((out / "fifo.service").lstat().st_mode)
+    assert not (tmp_path / "escape.service").exists() and leftovers(out) == []
+
+
+def test_child_directories_are_opened_once_and_closed_with_their_parent(tmp_path: Path) -> None:
+    from infer_units.generator.atomicfile import open_dir
+    out = tmp_path / "out"
+    out.mkdir()
+    d = open_dir(str(out))
+    wants = d.child("multi-user.target.wants")
+    assert d.child("multi-user.target.wants") is wants and wants.fd >= 0
+    wants.symlink("a.service", "../a.service")
+    d.close()
+    assert wants.fd == -1 and d.fd == -1
+    assert os.readlink(out / "multi-user.target.wants" / "a.service") == "../a.service"
+    assert stat.S_IMODE((out / "multi-user.target.wants").stat().st_mode) == 0o755

@@ -127,6 +127,36 @@ def test_any_change_of_what_a_run_reads_is_a_full_run(change: str, tmp_path: Pat
         assert not replayed(cache, before)
 
 
+def test_a_run_into_another_directory_replays_but_not_with_other_arguments(
+        tmp_path: Path) -> None:
+    """The output directories in argv say where units go, not what they say:
+    another directory replays the run.  The number of arguments stays in
+    the key (systemd passes three, a person one)."""
+    import subprocess
+
+    from .support import PYTHON, base_env
+    if os.geteuid() != 0:
+        pytest.skip("the cache is root's: as another user the generator never reads one")
+    _etc, dirs = two_models(tmp_path)
+    cache, first, second = tmp_path / "c" / "generator.cache", tmp_path / "a", tmp_path / "b"
+    generate(first, dirs, cache)
+    before = stamp(cache)
+    generate(second, dirs, cache)
+    assert replayed(cache, before), "a run into another directory was a full run"
+    assert tree(second) == tree(first) and "m1.service" in tree(second)
+    third = tmp_path / "c3"
+    for d in ("normal", "early", "late"):
+        (third / d).mkdir(parents=True)
+    done = subprocess.run([PYTHON, "-m", "infer_units.generator.main",
+                           *(str(third / d) for d in ("normal", "early", "late"))],
+                          capture_output=True, text=True, timeout=60,
+                          env=base_env(INFER_UNITS_CONFIG_PATH=dirs,
+                                       INFER_UNITS_GENERATOR_CACHE=str(cache)))
+    assert done.returncode == 0 and done.stderr == "", done.stderr
+    assert tree(third / "normal") == tree(first)
+    assert not replayed(cache, before), "three arguments replayed the one-argument run"
+
+
 def write_bogus_cache(tmp_path: Path) -> tuple[Path, Path, str]:
     """A cache with a real run's key and record, whose units were swapped
     for one an attacker wants (what a writable cache would let them do)."""

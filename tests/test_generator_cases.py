@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shlex
 import shutil
 from pathlib import Path
@@ -206,3 +207,22 @@ def test_case(case: str, tmp_path: Path) -> None:
             or "overlap" in line, f"unexpected log line: {line}"
     assert not generated & error_units
     check_golden(case, out, root)
+
+
+def test_fill_reads_every_template_as_format_map_would() -> None:
+    """render.fill splits each compiled template once; what it writes is what
+    str.format_map wrote (a line that is one placeholder is an optional
+    block: its newline only with a value), for empty and non-empty values."""
+    from infer_units.generator import render
+    from infer_units.units.compiled import TEMPLATES
+    for name, lines in TEMPLATES.items():
+        optional = [l[1:-1] for l in lines if l.startswith("{") and l.endswith("}")
+                    and l.count("{") == 1 and l[1:-1].isidentifier()]
+        text = "".join(l if l[1:-1] in optional and l.startswith("{") else l + "\n" for l in lines)
+        fields = {f for l in lines for f in re.findall(r"{(\w+)}", l)}
+        assert fields, name
+        for empty in (False, True):
+            values = {f: "" if empty and f in optional else f"<{f} {{x}} %>" for f in fields}
+            expected = text.format_map({k: v + "\n" if k in optional and v else v
+                                        for k, v in values.items()})
+            assert render.fill(name, values) == expected, name

@@ -5,6 +5,7 @@
 #     cd .gpucarry && sh run-h200.sh
 # Results land in $OUT (default ./out): results.json, scenarios.log,
 # console.log (the container's console), launcher.log.
+# IU_SCENARIOS="s6 s7" runs only those scenarios.
 # IU_FAKE_GPUS=1 runs the same on a machine without GPUs (fake GPU table;
 # tests/gpu/systemd/run-local).
 #
@@ -78,7 +79,7 @@ SuccessAction=poweroff
 FailureAction=poweroff
 [Service]
 Type=exec
-Environment=PYTHONUNBUFFERED=1 IU_FAKE_GPUS=$FAKE
+Environment=PYTHONUNBUFFERED=1 IU_FAKE_GPUS=$FAKE "IU_SCENARIOS=${IU_SCENARIOS:-}"
 ExecStart=/usr/bin/python3 /opt/iu-gpu/scenarios.py /out /hs
 TimeoutStartSec=infinity
 ExecStopPost=/bin/sh -c 'journalctl -b --no-pager -o short-monotonic > /out/journal.txt'

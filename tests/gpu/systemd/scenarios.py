@@ -579,7 +579,9 @@ def _nvml_off() -> None:
 
 def _nvml_on() -> None:
     if B.name == "nvml":
-        B.__init__(B.nvml)
+        n = B.nvml
+        n.nvmlInit()
+        B.__init__(n, [n.nvmlDeviceGetHandleByIndex(i) for i in range(n.nvmlDeviceGetCount())])
 
 
 def _fake_used(index: int, mib: int) -> None:

@@ -36,5 +36,7 @@ def echo_json(data: Any) -> None:
     whatever is logged on stderr."""
     import json
     _Json.written = True
+    if sys.stdout is None:      # started with stdout closed (`>&-`): nowhere to print
+        return
     sys.stdout.write(json.dumps(data, indent=2, ensure_ascii=False, default=str) + "\n")
     sys.stdout.flush()

@@ -5,11 +5,13 @@ blank, ambiguous or not ASCII are usage errors, never "all"."""
 from __future__ import annotations
 
 import json
+import signal
+import subprocess
 from pathlib import Path
 
 import pytest
 
-from .support import FakeGpus, base_env, run_cli
+from .support import PYTHON, FakeGpus, base_env, run_cli
 
 
 def one_line_error(done, code: int = 1) -> str:
@@ -165,3 +167,39 @@ def test_unexpected_errors_are_one_line_unless_debugging(tmp_path: Path) -> None
     env = base_env(INFER_UNITS_FAKE_GPUS=str(tmp_path), INFER_UNITS_RUN_DIR=str(tmp_path / "r"))
     line = one_line_error(run_cli("holders", env=env))
     assert str(tmp_path) in line
+
+
+def test_reap_reads_its_options_as_its_click_command_did(fake_gpus: FakeGpus) -> None:
+    """reap is parsed by argparse now (hooks/reap.py); what click took still
+    works: a value that starts with "-", a trailing "--", a closed stdout, a
+    COLUMNS that is not a number (found by this wave's review)."""
+    env = fake_gpus.env()
+    assert run_cli("reap", "--gpus", "0", "--dry-run", "--ignore", "-bash", env=env).returncode == 0
+    done = run_cli("reap", "--gpus", "0", "--dry-run", "--json", "--", env=env, check=0)
+    assert json.loads(done.stdout)["exit"] == 0
+    assert run_cli("reap", "--gpus", "0", "--dry-run", env={**env, "COLUMNS": "wide"}).returncode == 0
+    for extra in ([], ["--json"]):
+        closed = subprocess.run(["sh", "-c", 'exec "$@" >&-', "sh", PYTHON, "-m", "infer_units",
+                                 "reap", "--gpus", "0", "--dry-run", *extra],
+                                capture_output=True, text=True, env=env, timeout=60)
+        assert closed.returncode == 0 and "Traceback" not in closed.stderr, closed.stderr
+    line = one_line_error(run_cli("reap", "--gpus", "0", "--", "extra", env=env))
+    assert "extra" in line
+
+
+def test_reap_interrupted_is_one_line_and_one_document(fake_gpus: FakeGpus, holders) -> None:
+    """Ctrl-C while reap waits: "aborted", exit 1, one JSON document, as click's Abort was."""
+    holder = holders([fake_gpus.devices[0]])
+    p = subprocess.Popen([PYTHON, "-m", "infer_units", "reap", "--gpus", "0", "--foreign", "wait",
+                          "--timeout", "60s", "--json"], stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True, env=fake_gpus.env(),
+                         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    assert p.stderr is not None
+    first = p.stderr.readline()              # it is waiting for the holder now
+    assert "waiting" in first, first
+    p.send_signal(signal.SIGINT)
+    out, err = p.communicate(timeout=60)
+    assert p.returncode == 1 and "Traceback" not in err, err
+    assert json.loads(out) == {"error": "aborted", "exit": 1}
+    assert err.strip().splitlines() == ["infer-units: aborted"]
+    assert holder.alive()                    # nothing was signalled

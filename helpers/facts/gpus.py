@@ -363,13 +363,19 @@ def warm_nvml() -> None:
         _thread.start_new_thread(run, ())
     except RuntimeError:            # no thread to be had: pynvml does it all later
         done.release()
+        return
+    # A command that ends without asking NVML (a usage error, click's path)
+    # leaves through the interpreter's finalisation: not while the thread is
+    # inside the driver.  (The hooks and reap leave with os._exit.)
+    import atexit
+    atexit.register(_warmed, 5.0)
 
 
-def _warmed() -> None:
-    """Wait for warm_nvml()'s thread, if one was started."""
+def _warmed(limit: float = -1) -> None:
+    """Wait for warm_nvml()'s thread, if one was started (at most limit seconds)."""
     for done in _warming:
-        with done:
-            pass
+        if done.acquire(True, limit):
+            done.release()
 
 
 def _text(value: bytes | str) -> str:

@@ -32,7 +32,10 @@ def checked(check: Callable[[str], Any]) -> Callable[[str], Any]:
 def _formatter(prog: str) -> argparse.HelpFormatter:
     # A width given: HelpFormatter imports shutil (and zlib, bz2, lzma) to ask
     # the terminal's, and add_argument() builds one for every option.
-    return argparse.HelpFormatter(prog, width=int(os.environ.get("COLUMNS", "") or 0) or 100)
+    columns = os.environ.get("COLUMNS", "")
+    width = int(columns) if columns.isascii() and columns.isdigit() and 0 < int(columns) < 1000 \
+        else 100
+    return argparse.HelpFormatter(prog, width=width)
 
 
 class Parser(argparse.ArgumentParser):
@@ -40,6 +43,31 @@ class Parser(argparse.ArgumentParser):
         kwargs.setdefault("formatter_class", _formatter)
         kwargs.setdefault("allow_abbrev", False)     # --gp is not --gpus (click agrees)
         super().__init__(*args, **kwargs)
+
+    def parse_args(self, args: Any = None, namespace: Any = None) -> Any:
+        return super().parse_args(self._glued(list(sys.argv[1:] if args is None else args)),
+                                  namespace)
+
+    def _glued(self, argv: list[str]) -> list[str]:
+        """click's reading, which these commands had: an option's value is the
+        next word whatever it looks like (`--ignore -bash`, which argparse
+        takes for an option), and a lone `--` at the end ends nothing."""
+        takes = {flag for action in self._actions if action.nargs is None
+                 for flag in action.option_strings}
+        out: list[str] = []
+        i = 0
+        while i < len(argv):
+            word = argv[i]
+            if word == "--":
+                out.extend(argv[i:] if i + 1 < len(argv) else [])
+                break
+            if word in takes and i + 1 < len(argv):
+                out.append(f"{word}={argv[i + 1]}")
+                i += 2
+                continue
+            out.append(word)
+            i += 1
+        return out
 
     def report(self, line: str) -> None:
         """Where the one line of a usage error goes."""

@@ -135,6 +135,10 @@ def main(argv: list[str]) -> int:
         return reap(**vars(args))
     except SystemExit as e:
         return e.code if isinstance(e.code, int) else exitcodes.CONFIG_ERROR
+    except KeyboardInterrupt:   # Ctrl-C: one line and one document, as click's Abort was
+        _say("aborted")
+        json_error("aborted", exitcodes.CONFIG_ERROR)
+        return exitcodes.CONFIG_ERROR
     except Exception as e:      # noqa: BLE001 - entry.py's line, and the JSON document
         if os.environ.get("INFER_UNITS_DEBUG"):
             raise

@@ -14,11 +14,12 @@ from .commands import FAST, HOOKS, NVML_FIRST
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Callable, NoReturn
+    from typing import NoReturn
 
 
 def _warm_nvml(argv: list[str]) -> None:
-    if argv[0] in NVML_FIRST and any(a == "--gpus" or a.startswith("--gpus=") for a in argv):
+    if argv[0] in NVML_FIRST and any(a == "--gpus" or a.startswith("--gpus=") for a in argv) \
+            and not {"-h", "--help"} & set(argv):
         from .facts.gpus import warm_nvml
         warm_nvml()
 
@@ -35,27 +36,16 @@ def _run(scrub_hooks: bool) -> None:
             hookenv.trust_caller()
         _warm_nvml(argv)                 # after the scrub: it decides INFER_UNITS_FAKE_GPUS
         from .hooks.unit import run
-        _exit(_code(run, argv))
-    if argv and not {"-h", "--help"} & set(argv):
+        _exit(run(argv))
+    if argv:
         _warm_nvml(argv)
     if argv and argv[0] in FAST and not {"-h", "--help"} & set(argv) \
             and "_INFER_UNITS_COMPLETE" not in os.environ:
         import importlib
         module, function, _parser, _command = FAST[argv[0]]
-        command = getattr(importlib.import_module(f"{__package__}.{module}"), function)
-        _exit(_code(command, argv[1:]))
+        _exit(getattr(importlib.import_module(f"{__package__}.{module}"), function)(argv[1:]))
     from .cli.root import main as cli_main
     cli_main()
-
-
-def _code(command: Callable[[list[str]], int], argv: list[str]) -> int:
-    """Its exit code, a usage error's SystemExit included: every way out goes
-    through _exit, never the interpreter's finalisation, which would run
-    while NVML's warm-up thread may still be inside the driver."""
-    try:
-        return command(argv)
-    except SystemExit as e:
-        return e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
 
 
 def _exit(code: int) -> NoReturn:

@@ -17,9 +17,13 @@ if TYPE_CHECKING:
     from typing import NoReturn
 
 
+def _asks_help(argv: list[str]) -> bool:
+    return bool({"-h", "--help"} & set(argv))
+
+
 def _warm_nvml(argv: list[str]) -> None:
     if argv[0] in NVML_FIRST and any(a == "--gpus" or a.startswith("--gpus=") for a in argv) \
-            and not {"-h", "--help"} & set(argv):
+            and not _asks_help(argv):
         from .facts.gpus import warm_nvml
         warm_nvml()
 
@@ -39,7 +43,7 @@ def _run(scrub_hooks: bool) -> None:
         _exit(run(argv))
     if argv:
         _warm_nvml(argv)
-    if argv and argv[0] in FAST and not {"-h", "--help"} & set(argv) \
+    if argv and argv[0] in FAST and not _asks_help(argv) \
             and "_INFER_UNITS_COMPLETE" not in os.environ:
         import importlib
         module, function, _parser, _command = FAST[argv[0]]
@@ -75,6 +79,8 @@ def main(scrub_hooks: bool = True) -> None:
             raise
         reason = " ".join(str(e).split())[:300] or type(e).__name__
         print(f"infer-units: error: {type(e).__name__}: {reason}", file=sys.stderr, flush=True)
+        from .jsonout import json_error     # under --json (reap), still its one document
+        json_error(f"{type(e).__name__}: {reason}", 1)
         sys.exit(1)
 
 

@@ -12,7 +12,6 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from ..facts.gpus import Backend, Gpu
 
-from ...generator import settings
 from .. import exitcodes
 from ..argtypes import unit_name
 from ..jsonout import echo_json
@@ -43,12 +42,6 @@ def _check_env_file(path: str | None) -> None:
         read_env_file(path)
     except EnvFileError as e:
         die(str(e))
-
-
-def _span(key: str) -> str:
-    """A settings default as --help shows it ("10s")."""
-    from ...generator.durations import format_seconds
-    return format_seconds(settings.default(key))
 
 
 # --------------------------------------------------------------------- holders
@@ -93,8 +86,6 @@ def holders(selector: str | None, as_json: bool) -> None:
     elif len(rows) == 1 and not seen.unaccounted:
         click.echo(f"no process uses GPU {','.join(str(g.index) for g in gpus)}")
 
-
-# --------------------------------------------------------------------- reap
 
 # --------------------------------------------------------------------- wait-port
 

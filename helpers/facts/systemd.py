@@ -415,7 +415,7 @@ def _reply(sock: Any) -> bytes:
         start = 16 + fields_len + (-(16 + fields_len) % 8)
         need(start + body_len)
         body, data = data[start:start + body_len], data[start + body_len:]
-        if kind == 2:            # METHOD_RETURN (no signals: we never subscribed)
+        if kind == 2:            # METHOD_RETURN (signals, sent unasked here, are skipped)
             return body
         if kind == 3:            # ERROR: its first argument is the message
             n = int.from_bytes(body[:4], "little") if len(body) >= 4 else 0

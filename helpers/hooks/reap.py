@@ -5,20 +5,19 @@ scripts run between a stop and a start, in place of SGLang's killall.py
 click's import alone was 36 ms of a 10 ms interpreter start on the H200
 (2026-12-02, python3 -IS; bench/reap_bench.py).
 
-The options are declared once, in parser(): cli/gpu.py builds the click
-command from it, so --help, the man page, the README's table and shell
+The options are declared once, in parser(): cli/root.py builds the click
+command from it (cli/options.from_argparse), so --help, the man page, the README's table and shell
 completion read the same options, defaults and help (helpers/entry.py sends
 `reap --help` to click, everything else here)."""
 
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Any, NoReturn
+    from typing import NoReturn
 
 from ...generator import settings
 from .. import argtypes, exitcodes
@@ -133,16 +132,9 @@ def main(argv: list[str]) -> int:
         p.error(f"the following arguments are required: {', '.join(missing)}")
     try:
         return reap(**vars(args))
-    except SystemExit as e:
-        return e.code if isinstance(e.code, int) else exitcodes.CONFIG_ERROR
     except KeyboardInterrupt:   # Ctrl-C: one line and one document, as click's Abort was
         _say("aborted")
         json_error("aborted", exitcodes.CONFIG_ERROR)
         return exitcodes.CONFIG_ERROR
-    except Exception as e:      # noqa: BLE001 - entry.py's line, and the JSON document
-        if os.environ.get("INFER_UNITS_DEBUG"):
-            raise
-        reason = " ".join(str(e).split())[:300] or type(e).__name__
-        _say(f"error: {type(e).__name__}: {reason}")
-        json_error(f"{type(e).__name__}: {reason}", exitcodes.CONFIG_ERROR)
-        return exitcodes.CONFIG_ERROR
+    # Anything else unexpected: entry.py's last line of defence (its line and,
+    # under --json, the document).

@@ -19,7 +19,7 @@ import time
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Any, Callable, NoReturn
+    from typing import Callable
 
     from ..decide.claims import GpuClaims
     from ..facts.gpus import Backend, Gpu

@@ -132,6 +132,26 @@ def test_reap_runs_without_click_and_its_help_is_clicks(fake_gpus: FakeGpus) -> 
             assert flag in shown, flag
 
 
+def test_pynvml_loads_without_ctypes_util_and_gets_the_real_find_library(tmp_path: Path) -> None:
+    """reap's start: pynvml's `from ctypes.util import find_library` (a Windows
+    path) no longer imports subprocess, shutil and tempfile, and what pynvml
+    holds still finds libraries; every other importer gets the real module."""
+    (tmp_path / "pynvml.py").write_text("from ctypes.util import find_library\n")
+    script = (
+        "import sys; sys.path[:0] = [sys.argv[1], sys.argv[2]]\n"
+        "from infer_units.helpers.facts.gpus import _load_pynvml\n"
+        "nvml = _load_pynvml()\n"
+        "assert nvml.__file__.startswith(sys.argv[1]), nvml.__file__\n"
+        "print(sorted(m for m in ('subprocess', 'shutil', 'tempfile', 'ctypes.util') if m in sys.modules))\n"
+        "import ctypes.util\n"
+        "assert ctypes.util.__spec__ is not None\n"
+        "print(nvml.find_library('c') == ctypes.util.find_library('c') is not None)\n")
+    done = subprocess.run([PYTHON, "-IS", "-c", script, str(tmp_path), str(ROOT)],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split("\n")[:2] == ["[]", "True"], done.stdout
+
+
 def test_the_readme_names_every_module_in_its_room() -> None:
     text = (ROOT / "README.md").read_text(encoding="utf-8")
     section = text[text.index("## How it is built"):text.index("The generator runs at every boot")]

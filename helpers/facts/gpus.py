@@ -12,7 +12,6 @@ Three backends answer the same two questions:
 
 from __future__ import annotations
 
-import json
 import os
 import stat
 import sys
@@ -221,6 +220,7 @@ class FakeBackend(Backend):
             stamp = (st.st_mtime_ns, st.st_ino)
             if stamp == self._stamp:
                 return
+            import json     # the fake table only: not on NVML's path (reap)
             with open(path, encoding="utf-8") as f:
                 table = json.load(f)
             from .health import parse_fake_health
@@ -302,16 +302,43 @@ def _optional(value: object) -> int | None:
 # ------------------------------------------------------------------ NVML backend
 
 def _load_pynvml() -> Any:
-    try:
-        import pynvml  # Debian-less hosts: pip's nvidia-ml-py
-        return pynvml
-    except ImportError:
-        pass
-    try:
-        from ..._vendor import pynvml  # type: ignore[attr-defined]  # bundled by the .deb
-        return pynvml
-    except ImportError:
-        return None
+    with _find_library_on_demand():
+        try:
+            import pynvml  # Debian-less hosts: pip's nvidia-ml-py
+            return pynvml
+        except ImportError:
+            pass
+        try:
+            from ..._vendor import pynvml  # type: ignore[attr-defined]  # bundled by the .deb
+            return pynvml
+        except ImportError:
+            return None
+
+
+class _find_library_on_demand:
+    """pynvml does `from ctypes.util import find_library` and uses it only on
+    Windows; on Linux it opens libnvidia-ml.so.1 by name.  ctypes.util brings
+    subprocess, shutil and tempfile: 6 ms of reap's start here, twice that on
+    the H200 host.  For pynvml's import only, `ctypes.util` is a stand-in whose
+    find_library imports the real one when called; afterwards the name is
+    the real module's again for every other importer."""
+
+    def __enter__(self) -> None:
+        self.lent = "ctypes.util" not in sys.modules
+        if self.lent:
+            import types
+            stand_in = types.ModuleType("ctypes.util")
+
+            def find_library(name: str) -> str | None:
+                from ctypes.util import find_library as real
+                return real(name)
+            stand_in.find_library = find_library  # type: ignore[attr-defined]
+            sys.modules["ctypes.util"] = stand_in
+
+    def __exit__(self, *exc: object) -> None:
+        if self.lent and sys.modules.get("ctypes.util") is not None \
+                and getattr(sys.modules["ctypes.util"], "__spec__", None) is None:
+            del sys.modules["ctypes.util"]      # the stand-in: a later import gets the real one
 
 
 def _nvml_init() -> tuple[Any, list[Any]] | None:

@@ -59,12 +59,25 @@ class Server:
         bench = self
 
         class Handler(http.server.BaseHTTPRequestHandler):
+            # As llama-server (cpp-httplib) answers: HTTP/1.1, the connection
+            # kept for up to 5 requests, then "Connection: close".
+            protocol_version = "HTTP/1.1"
+            served = 0
+
             def do_GET(self) -> None:  # noqa: N802
                 bench.requests += 1
+                self.served += 1
                 ok = time.monotonic() >= bench.ready_at
+                body = b'{"status":"ok"}' if ok else (
+                    b'{"error":{"code":503,"message":"Loading model","type":"unavailable_error"}}')
                 self.send_response(200 if ok else 503)
-                self.send_header("Content-Length", "0")
+                self.send_header("Content-Type", "application/json; charset=utf-8")
+                self.send_header("Content-Length", str(len(body)))
+                if self.served >= 5:
+                    self.send_header("Connection", "close")
+                    self.close_connection = True
                 self.end_headers()
+                self.wfile.write(body)
 
             def log_message(self, *a: object) -> None:
                 pass
@@ -81,6 +94,7 @@ class Server:
         httpd.socket.close()
         httpd.socket = self.sock
         httpd.server_activate()
+        httpd.handle_error = lambda *a: None   # type: ignore[method-assign]  # a killed hook's kept connection
         self.httpd = httpd
         threading.Thread(target=httpd.serve_forever, daemon=True).start()
 

@@ -11,7 +11,7 @@ import time
 from collections.abc import Callable
 
 from ...generator.urls import Url, parse_url
-from ..facts.probe import http_probe, local_address
+from ..facts.probe import Session, http_probe, local_address
 from ..records import dataclass
 
 # At the hook's start, while the server loads: imported at the first request
@@ -64,11 +64,9 @@ def accepts(address: str, port: int) -> bool:
     family = socket.AF_INET6 if ":" in address else socket.AF_INET
     with socket.socket(family, socket.SOCK_STREAM) as s:
         s.settimeout(1.0)
-        try:
-            s.connect((address, port))
-            return True
-        except OSError:
-            return False
+        # connect_ex: a refusal is a number, not an exception to build (a
+        # third of a poll's CPU, bench/ready_bench.py "absent").
+        return s.connect_ex((address, port)) == 0
 
 
 def _kill_loading_server(pidfd: int, pid: int, say: Callable[[str], None]) -> None:
@@ -126,6 +124,7 @@ def wait_ready(url: str, pid: int | None, timeout: float, interval: float,
             gone = True
     previous = signal.signal(signal.SIGTERM, on_term)
     stopped = False
+    session: Session | None = None
     try:
         signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})   # a pending stop raises here
         if gone:
@@ -135,6 +134,7 @@ def wait_ready(url: str, pid: int | None, timeout: float, interval: float,
             poller.register(pidfd, select.POLLIN)
         last = "not listening yet"
         parsed = parse_url(url)      # wait-ready's argv was read by the same parser
+        session = Session(parsed)    # one connection while the server answers 503
         local = local_address(parsed)
         listening = local is None
         progress = Progress(f"waiting for {url}")
@@ -145,7 +145,8 @@ def wait_ready(url: str, pid: int | None, timeout: float, interval: float,
             if listening:
                 # One request gets probe_timeout whatever the interval: SGLang's
                 # /health sleeps 1 s and generates a token before it answers.
-                ok, last = probe(parsed, max(0.1, min(probe_timeout, deadline - time.monotonic())))
+                answer = session.probe(max(0.1, min(probe_timeout, deadline - time.monotonic())))
+                ok, last = answer.ok, answer.text
                 wait_s = interval
             else:
                 ok = False
@@ -173,6 +174,8 @@ def wait_ready(url: str, pid: int | None, timeout: float, interval: float,
         return ReadyResult(False, time.monotonic() - started,
                            "stopped while the server loaded", stopped=True)
     finally:
+        if session is not None:
+            session.close()
         if pidfd is not None:
             os.close(pidfd)
         if not stopped:

@@ -59,8 +59,10 @@ class Server:
         bench = self
 
         class Handler(http.server.BaseHTTPRequestHandler):
-            # As llama-server (cpp-httplib) answers: HTTP/1.1, the connection
-            # kept for up to 5 requests, then "Connection: close".
+            # As llama-server answers (llama-cpp-python 0.3.36's llama.cpp, its
+            # vendored cpp-httplib, read): HTTP/1.1, the connection kept for up
+            # to 100 requests (CPPHTTPLIB_KEEPALIVE_MAX_COUNT), then
+            # "Connection: close"; 503 {"error": ... "Loading model"} meanwhile.
             protocol_version = "HTTP/1.1"
             served = 0
 
@@ -73,7 +75,7 @@ class Server:
                 self.send_response(200 if ok else 503)
                 self.send_header("Content-Type", "application/json; charset=utf-8")
                 self.send_header("Content-Length", str(len(body)))
-                if self.served >= 5:
+                if self.served >= 100:
                     self.send_header("Connection", "close")
                     self.close_connection = True
                 self.end_headers()

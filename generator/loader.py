@@ -198,12 +198,14 @@ def read_file(path: str) -> bytes:
         if st.st_size > MAX_FILE_BYTES:
             raise ConfigError(path, None, f"too large ({st.st_size} bytes; "
                               f"a model file may have {MAX_FILE_BYTES})")
-        chunks = []
+        chunks: list[bytes] = []
         size = 0
         while True:
             chunk = os.read(fd, max(st.st_size + 1, 65536))
             if not chunk:
                 break
+            if not chunks and len(chunk) == st.st_size:
+                return chunk    # the whole file as fstat() saw it (a short read: its end)
             size += len(chunk)
             if size > MAX_FILE_BYTES:
                 raise ConfigError(path, None, f"too large (more than {MAX_FILE_BYTES} bytes)")
@@ -265,7 +267,10 @@ def _merge(dst: dict[str, Any], src: dict[str, Any], path: str,
         if isinstance(value, dict) and isinstance(old, dict):
             _merge(old, value, path, origin, dotted + ".", depth + 1, checked)
             continue
-        dst[key] = _copied(value) if checked else _deep_copy(value, path, dotted, depth + 1)
+        if not checked:
+            dst[key] = _deep_copy(value, path, dotted, depth + 1)
+        else:
+            dst[key] = _copied(value) if type(value) in _CONTAINERS else value
         if isinstance(old, dict):
             # A replaced table forgets where its old keys came from: walk the
             # old table (not every origin: that made merging quadratic).
@@ -360,8 +365,7 @@ def existing_unit(unit: str) -> str | None:
                 if (st.st_dev, st.st_ino) in seen:
                     continue        # /lib is /usr/lib on merged-/usr systems: list it once
                 seen.add((st.st_dev, st.st_ino))
-                for entry in os.listdir(directory):
-                    _system_units[entry] = directory
+                _system_units.update(dict.fromkeys(os.listdir(directory), directory))
             except OSError:
                 continue
     found = _system_units.get(unit)

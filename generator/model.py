@@ -62,14 +62,15 @@ class Model:
     liveness: Liveness | None       # [liveness]; None: off (interval = "0")
     health_accept: tuple[str, ...]  # [health] accept: checks whose errors do not refuse
 
-    def __init__(self, **fields: Any) -> None:
+    def __init__(self, fields: dict[str, Any]) -> None:
+        """`fields`: every attribute (build_model's dict, which the model keeps)."""
         # The annotations above and settings.SETTINGS' attrs must agree: a
         # setting whose attribute is not declared here fails the first model.
         if fields.keys() != self.__annotations__.keys():
             missing = set(self.__annotations__) - set(fields)
             extra = set(fields) - set(self.__annotations__)
             raise TypeError(f"Model lacks {sorted(missing)}, has undeclared {sorted(extra)}")
-        self.__dict__.update(fields)
+        self.__dict__ = fields
 
     @property
     def unit_name(self) -> str:
@@ -168,27 +169,24 @@ def build_model(merged: MergedConfig) -> Model:
         elif values["engine"] == "vllm":
             del ports["port"]           # --headless: no HTTP server
     probe_timeout = _probe_timeout(values, spec)
+    fields: dict[str, Any] = {"name": merged.name, "main_path": merged.main_path,
+              "sources": tuple(merged.sources)}
     # Every setting that is an attribute as it is (settings.SETTINGS says which;
     # a map and a zip, not a loop of ours: a model has ~25)...
     keys, attrs, _ = zip(*_DIRECT)
-    fields = dict(zip(attrs, map(values.__getitem__, keys)))
+    fields.update(zip(attrs, map(values.__getitem__, keys)))
     for key, attr, convert in _CONVERTED:
         fields[attr] = convert(values[key])
-    return Model(
-        name=merged.name,
-        main_path=merged.main_path,
-        sources=tuple(merged.sources),
-        **fields,
-        # ... and those derived from settings, the engine and the nodes.
-        nccl_env=nccl_env,
-        reap_ignore=tuple(dict.fromkeys(BUILTIN_IGNORE + tuple(values["reap.ignore"]))),
-        ready_probe_timeout=probe_timeout,
-        stop_timeout=_stop_timeout(values, spec, merged),
-        instance_args=instance_args,
-        ports=ports,
-        nodes=nodes,
-        liveness=build_liveness(values, merged, probe_timeout, spec.liveness_probe),
-    )
+    # ... and those derived from settings, the engine and the nodes.
+    fields["nccl_env"] = nccl_env
+    fields["reap_ignore"] = tuple(dict.fromkeys(BUILTIN_IGNORE + tuple(values["reap.ignore"])))
+    fields["ready_probe_timeout"] = probe_timeout
+    fields["stop_timeout"] = _stop_timeout(values, spec, merged)
+    fields["instance_args"] = instance_args
+    fields["ports"] = ports
+    fields["nodes"] = nodes
+    fields["liveness"] = build_liveness(values, merged, probe_timeout, spec.liveness_probe)
+    return Model(fields)
 
 
 _NODES_KEYS = frozenset(s.key for s in SETTINGS if s.key.startswith("nodes."))   # all None by default

@@ -188,7 +188,8 @@ def forget_cache() -> None:
     _system_units_listed.clear()
 
 
-# Host-wide drop-ins are read once per run.  With each file: whether
+# Host-wide drop-ins are read once per run (and copied into each model; a
+# model's own files are read once and taken whole).  With each file: whether
 # fasttoml read it, which bounds what _merge must check (see _copied).
 _parsed: dict[str, tuple[dict[str, Any], bool]] = {}
 
@@ -240,17 +241,21 @@ def read_file(path: str) -> bytes:
         posix.close(fd)
 
 
-def _read_toml(path: str) -> tuple[dict[str, Any], bool]:
-    """The file's table, and True when fasttoml read it."""
+def _read_toml(path: str, keep: bool = True) -> tuple[dict[str, Any], bool, bool]:
+    """The file's table, True when fasttoml read it, and True when the table
+    is the caller's alone: not kept for later callers (`keep`: a host-wide
+    file, applied to every model) nor kept by one before."""
     found = _parsed.get(path)
-    if found is None:
-        data = _read_bytes(path)
-        try:
-            found = (fasttoml.loads(data), True)
-        except fasttoml.Unsupported:
-            found = (_tomllib_loads(path, data), False)
+    if found is not None:
+        return found[0], found[1], False
+    data = _read_bytes(path)
+    try:
+        found = (fasttoml.loads(data), True)
+    except fasttoml.Unsupported:
+        found = (_tomllib_loads(path, data), False)
+    if keep:
         _parsed[path] = found
-    return found
+    return found[0], found[1], not keep
 
 
 def _tomllib_loads(path: str, data: bytes) -> dict[str, Any]:
@@ -280,20 +285,23 @@ def _too_deep(path: str, dotted: str) -> ConfigError:
 
 def _merge(dst: dict[str, Any], src: dict[str, Any], path: str,
            origin: dict[str, str], prefix: str = "", depth: int = 0,
-           checked: bool = False) -> None:
-    """`checked`: src is fasttoml's, whose limits are within _deep_copy's."""
+           checked: bool = False, owned: bool = False) -> None:
+    """`checked`: src is fasttoml's, whose limits are within _deep_copy's;
+    `owned`: src is ours alone (_read_toml), taken as it is, not copied."""
     if depth > MAX_DEPTH:
         raise _too_deep(path, prefix)
     for key, value in src.items():
         dotted = f"{prefix}{key}"
         old = dst.get(key)
         if isinstance(value, dict) and isinstance(old, dict):
-            _merge(old, value, path, origin, dotted + ".", depth + 1, checked)
+            _merge(old, value, path, origin, dotted + ".", depth + 1, checked, owned)
             continue
         if not checked:
             dst[key] = _deep_copy(value, path, dotted, depth + 1)
+        elif owned or type(value) not in _CONTAINERS:
+            dst[key] = value
         else:
-            dst[key] = _copied(value) if type(value) in _CONTAINERS else value
+            dst[key] = _copied(value)
         if isinstance(old, dict):
             # A replaced table forgets where its old keys came from: walk the
             # old table (not every origin: that made merging quadratic).
@@ -482,11 +490,10 @@ def is_path(arg: str) -> bool:
 def load_model(name: str, main_path: str, dirs: list[str] | None = None) -> MergedConfig:
     dirs = search_path() if dirs is None else dirs
     merged = MergedConfig(name, main_path)
-    files = (_drop_ins(dirs, f"{DEFAULTS_NAME}.toml.d") + [main_path]
-             + _drop_ins(dirs, f"{name}.toml.d"))
-    for path in files:
-        table, checked = _read_toml(path)
-        _merge(merged.data, table, path, merged.origin, checked=checked)
+    shared = _drop_ins(dirs, f"{DEFAULTS_NAME}.toml.d")     # every model's: read once, copied
+    for path in shared + [main_path] + _drop_ins(dirs, f"{name}.toml.d"):
+        table, checked, owned = _read_toml(path, keep=path in shared)
+        _merge(merged.data, table, path, merged.origin, checked=checked, owned=owned)
         merged.sources.append(path)
     return merged
 

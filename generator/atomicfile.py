@@ -26,22 +26,28 @@ Our own directories (ensure_dir) are created with mkdirat and then fchmod()
 to their fixed mode, whatever the caller's umask; an existing one is used
 only when it passes the same check.
 
-Imports only os, errno and stat: the generator and every hook use it.
+Imports only posix (os's C functions; paths.py says why not os itself), errno
+and stat: the generator and every hook use it.
 """
 
 from __future__ import annotations
 
 import errno
-import os
 import stat
+
+from .paths import is_normal, join
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    import os as posix      # the same functions; typeshed's posix lacks some O_ flags
+else:
+    import posix            # os's C module, not os: paths.py says why
+if TYPE_CHECKING:
     from types import TracebackType
 
-_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+_DIR_FLAGS = posix.O_RDONLY | posix.O_DIRECTORY | posix.O_NOFOLLOW | posix.O_CLOEXEC
 # Walking: O_PATH needs no read permission (a non-root caller passes 0711 homes).
-_WALK_FLAGS = os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+_WALK_FLAGS = posix.O_PATH | posix.O_DIRECTORY | posix.O_NOFOLLOW | posix.O_CLOEXEC
 _MAX_LINKS = 40          # the kernel's own limit for one path
 _TRIES = 32              # random temporary names drawn before giving up
 MAX_READ = 1 << 20       # our state files are a few KiB
@@ -67,10 +73,10 @@ def _owner(uid: int) -> str:
 
 
 def _trusted_owner(uid: int) -> bool:
-    return uid == 0 or uid == os.geteuid()
+    return uid == 0 or uid == posix.geteuid()
 
 
-def _check_dir(path: str, st: os.stat_result, passing: bool) -> None:
+def _check_dir(path: str, st: posix.stat_result, passing: bool) -> None:
     """Refuse a directory someone else could change.  `passing`: only walked
     through (a sticky directory like /tmp is fine there)."""
     if not _trusted_owner(st.st_uid):
@@ -89,33 +95,49 @@ def _check_dir(path: str, st: os.stat_result, passing: bool) -> None:
 def _subdir(parent: int, parent_path: str, name: str, mode: int, passing: bool) -> int:
     """An fd of directory `name` in `parent`: made with exactly `mode` when
     missing, else checked.  O_NOFOLLOW: a symlink planted there is refused."""
-    path = os.path.join(parent_path, name)
+    path = join(parent_path, name)
     try:
-        os.mkdir(name, 0o700, dir_fd=parent)     # fchmod below sets the real mode
+        posix.mkdir(name, 0o700, dir_fd=parent)     # fchmod below sets the real mode
         created = True
     except FileExistsError:
         created = False                          # ours from before, or someone else's: checked
     try:
-        fd = os.open(name, _DIR_FLAGS, dir_fd=parent)
+        fd = posix.open(name, _DIR_FLAGS, dir_fd=parent)
     except OSError as e:
         if e.errno in (errno.ELOOP, errno.ENOTDIR):
-            st = os.stat(name, dir_fd=parent, follow_symlinks=False)
+            st = posix.stat(name, dir_fd=parent, follow_symlinks=False)
             raise UnsafePath(path, f"{_kind(st.st_mode)}, not a directory") from None
         raise
     try:
-        st = os.fstat(fd)
-        if created and st.st_uid == os.geteuid():
-            os.fchmod(fd, mode)                  # the umask does not decide
+        st = posix.fstat(fd)
+        if created and st.st_uid == posix.geteuid():
+            posix.fchmod(fd, mode)                  # the umask does not decide
         else:
             _check_dir(path, st, passing)
     except BaseException:
-        os.close(fd)
+        posix.close(fd)
         raise
     return fd
 
 
+def _abspath(path: str) -> str:
+    """os.path.abspath(path); os only for a path not already absolute and normal."""
+    if is_normal(path):
+        return path
+    import os
+    return os.path.abspath(path)
+
+
+def _down(where: str, name: str) -> str:
+    """os.path.normpath(os.path.join(where, name)) for a normal absolute
+    `where` and one component `name` (no '/', not '' or '.')."""
+    if name == "..":
+        return where.rpartition("/")[0] or "/"
+    return join(where, name)
+
+
 def _components(path: str) -> list[str]:
-    return [c for c in os.path.abspath(path).split("/") if c and c != "."]
+    return [c for c in _abspath(path).split("/") if c and c != "."]
 
 
 def _walk(path: str, create_mode: int | None) -> int:
@@ -123,24 +145,24 @@ def _walk(path: str, create_mode: int | None) -> int:
     directories created with create_mode (None: FileNotFoundError)."""
     todo = _components(path)
     todo.reverse()                       # a stack: symlink targets are pushed on it
-    fd = os.open("/", _WALK_FLAGS)
+    fd = posix.open("/", _WALK_FLAGS)
     where = "/"
     links = 0
     try:
-        _check_dir("/", os.fstat(fd), passing=True)
+        _check_dir("/", posix.fstat(fd), passing=True)
         while todo:
             name = todo.pop()
             last = not todo
-            here = os.path.join(where, name)
+            here = join(where, name)
             try:
-                st = os.stat(name, dir_fd=fd, follow_symlinks=False)
+                st = posix.stat(name, dir_fd=fd, follow_symlinks=False)
             except FileNotFoundError:
                 if create_mode is None:
                     raise FileNotFoundError(errno.ENOENT, "no such directory", here) from None
                 nxt = _subdir(fd, where, name, create_mode, passing=not last)
-                os.close(fd)
+                posix.close(fd)
                 fd = nxt
-                where = os.path.normpath(here)
+                where = _down(where, name)
                 continue
             if stat.S_ISLNK(st.st_mode):
                 # /var/run -> /run: fine when root (or we) made the link in a
@@ -150,29 +172,29 @@ def _walk(path: str, create_mode: int | None) -> int:
                 links += 1
                 if links > _MAX_LINKS:
                     raise OSError(errno.ELOOP, "too many levels of symbolic links", path)
-                target = os.readlink(name, dir_fd=fd)
+                target = posix.readlink(name, dir_fd=fd)
                 parts = [c for c in target.split("/") if c and c != "."]
                 todo.extend(reversed(parts))
                 if target.startswith("/"):
-                    os.close(fd)
-                    fd = os.open("/", _WALK_FLAGS)
+                    posix.close(fd)
+                    fd = posix.open("/", _WALK_FLAGS)
                     where = "/"
                 continue
             if not stat.S_ISDIR(st.st_mode):
                 raise NotADirectoryError(errno.ENOTDIR, "not a directory", here)
-            nxt = os.open(name, _DIR_FLAGS if last else _WALK_FLAGS, dir_fd=fd)
-            os.close(fd)
+            nxt = posix.open(name, _DIR_FLAGS if last else _WALK_FLAGS, dir_fd=fd)
+            posix.close(fd)
             fd = nxt
-            where = os.path.normpath(here)
-            _check_dir(where, os.fstat(fd), passing=not last)
+            where = _down(where, name)
+            _check_dir(where, posix.fstat(fd), passing=not last)
         if where == "/":                 # the path was / itself: a real fd, not O_PATH
-            nxt = os.open("/", _DIR_FLAGS)
-            os.close(fd)
+            nxt = posix.open("/", _DIR_FLAGS)
+            posix.close(fd)
             fd = nxt
-            _check_dir("/", os.fstat(fd), passing=False)
+            _check_dir("/", posix.fstat(fd), passing=False)
         return fd
     except BaseException:
-        os.close(fd)
+        posix.close(fd)
         raise
 
 
@@ -205,7 +227,7 @@ class Dir:
         for child in children.values():
             child.close()
         if self.fd >= 0:
-            os.close(self.fd)
+            posix.close(self.fd)
             self.fd = -1
 
     def _name(self, name: str) -> str:
@@ -217,7 +239,7 @@ class Dir:
         """Our subdirectory `name`, created with exactly `mode` when missing."""
         name = self._name(name)
         return Dir(_subdir(self.fd, self.path, name, mode, passing=False),
-                   os.path.join(self.path, name))
+                   join(self.path, name))
 
     def child(self, name: str, mode: int = 0o755) -> Dir:
         """sub(name, mode), opened once and kept open until this Dir closes:
@@ -229,30 +251,30 @@ class Dir:
 
     def _regular_or_missing(self, name: str) -> None:
         try:
-            st = os.stat(name, dir_fd=self.fd, follow_symlinks=False)
+            st = posix.stat(name, dir_fd=self.fd, follow_symlinks=False)
         except FileNotFoundError:
             return
         if not stat.S_ISREG(st.st_mode):
-            raise UnsafePath(os.path.join(self.path, name),
+            raise UnsafePath(join(self.path, name),
                              f"{_kind(st.st_mode)}, not a regular file: not replaced "
                              "(remove it if it is not yours)")
 
     def _temp(self, name: str, mode: int) -> tuple[str, int]:
         # A dot name: systemd and node_exporter's *.prom glob skip one left behind.
         for _ in range(_TRIES):
-            tmp = f".{name}.{os.urandom(6).hex()}.tmp"
+            tmp = f".{name}.{posix.urandom(6).hex()}.tmp"
             try:
-                fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW |
-                             os.O_CLOEXEC, mode, dir_fd=self.fd)
+                fd = posix.open(tmp, posix.O_WRONLY | posix.O_CREAT | posix.O_EXCL | posix.O_NOFOLLOW |
+                             posix.O_CLOEXEC, mode, dir_fd=self.fd)
             except FileExistsError:
                 continue
-            os.fchmod(fd, mode)          # the umask does not decide
+            posix.fchmod(fd, mode)          # the umask does not decide
             return tmp, fd
-        raise FileExistsError(errno.EEXIST, "no free temporary name", os.path.join(self.path, name))
+        raise FileExistsError(errno.EEXIST, "no free temporary name", join(self.path, name))
 
     def _discard(self, tmp: str) -> None:
         try:
-            os.unlink(tmp, dir_fd=self.fd)
+            posix.unlink(tmp, dir_fd=self.fd)
         except OSError:
             pass
 
@@ -270,17 +292,17 @@ class Dir:
             try:
                 view = memoryview(raw)
                 while view:
-                    view = view[os.write(fd, view):]
+                    view = view[posix.write(fd, view):]
                 if durable:
-                    os.fsync(fd)
+                    posix.fsync(fd)
             finally:
-                os.close(fd)
-            os.rename(tmp, name, src_dir_fd=self.fd, dst_dir_fd=self.fd)
+                posix.close(fd)
+            posix.rename(tmp, name, src_dir_fd=self.fd, dst_dir_fd=self.fd)
         except BaseException:
             self._discard(tmp)
             raise
         if durable:
-            os.fsync(self.fd)
+            posix.fsync(self.fd)
 
     def write_new(self, name: str, data: bytes | str, mode: int = 0o644) -> None:
         """write(), for a directory that is expected not to have `name` yet (a
@@ -293,93 +315,93 @@ class Dir:
         name = self._name(name)
         raw = data.encode("utf-8") if isinstance(data, str) else data
         try:
-            fd = os.open(".", os.O_WRONLY | os.O_TMPFILE | os.O_CLOEXEC, mode, dir_fd=self.fd)
+            fd = posix.open(".", posix.O_WRONLY | posix.O_TMPFILE | posix.O_CLOEXEC, mode, dir_fd=self.fd)
         except OSError:
             fd = -1         # no O_TMPFILE here (an old kernel, a filesystem without it)
         if fd >= 0:
             try:
-                os.fchmod(fd, mode)          # the umask does not decide
+                posix.fchmod(fd, mode)          # the umask does not decide
                 view = memoryview(raw)
                 while view:
-                    view = view[os.write(fd, view):]
+                    view = view[posix.write(fd, view):]
                 # linkat(2) of the fd's /proc link: the one way to name an
                 # O_TMPFILE file without CAP_DAC_READ_SEARCH (AT_EMPTY_PATH).
                 # It never replaces: an existing name is EEXIST, and write() below.
-                os.link(f"/proc/self/fd/{fd}", name, dst_dir_fd=self.fd)
+                posix.link(f"/proc/self/fd/{fd}", name, dst_dir_fd=self.fd)
                 return
             except (FileExistsError, FileNotFoundError):
                 pass        # the name is taken, or no /proc: write() below
             finally:
-                os.close(fd)    # unlinked, the unnamed file is gone with its fd
+                posix.close(fd)    # unlinked, the unnamed file is gone with its fd
         self.write(name, raw, mode)
 
     def symlink(self, name: str, target: str) -> None:
         """`name` -> target, replacing a link (or file) of that name atomically."""
         name = self._name(name)
         try:
-            os.symlink(target, name, dir_fd=self.fd)       # atomic by itself
+            posix.symlink(target, name, dir_fd=self.fd)       # atomic by itself
             return
         except FileExistsError:
             pass
-        st = os.stat(name, dir_fd=self.fd, follow_symlinks=False)
+        st = posix.stat(name, dir_fd=self.fd, follow_symlinks=False)
         if not (stat.S_ISLNK(st.st_mode) or stat.S_ISREG(st.st_mode)):
-            raise UnsafePath(os.path.join(self.path, name), f"{_kind(st.st_mode)}: not replaced")
+            raise UnsafePath(join(self.path, name), f"{_kind(st.st_mode)}: not replaced")
         for _ in range(_TRIES):
-            tmp = f".{name}.{os.urandom(6).hex()}.tmp"
+            tmp = f".{name}.{posix.urandom(6).hex()}.tmp"
             try:
-                os.symlink(target, tmp, dir_fd=self.fd)
+                posix.symlink(target, tmp, dir_fd=self.fd)
             except FileExistsError:
                 continue
             try:
-                os.rename(tmp, name, src_dir_fd=self.fd, dst_dir_fd=self.fd)
+                posix.rename(tmp, name, src_dir_fd=self.fd, dst_dir_fd=self.fd)
             except BaseException:
                 self._discard(tmp)
                 raise
             return
-        raise FileExistsError(errno.EEXIST, "no free temporary name", os.path.join(self.path, name))
+        raise FileExistsError(errno.EEXIST, "no free temporary name", join(self.path, name))
 
     def open_regular(self, name: str, flags: int, mode: int = 0o644) -> int:
         """An fd of regular file `name` (O_NOFOLLOW|O_NONBLOCK added: a link or
         a FIFO there is refused, never followed or waited on).  With O_CREAT
         a new file gets `mode` whatever the umask."""
         name = self._name(name)
-        flags |= os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY
+        flags |= posix.O_NOFOLLOW | posix.O_NONBLOCK | posix.O_CLOEXEC | posix.O_NOCTTY
         created = False
-        if flags & os.O_CREAT:
+        if flags & posix.O_CREAT:
             try:
-                fd = os.open(name, flags | os.O_EXCL, mode, dir_fd=self.fd)
+                fd = posix.open(name, flags | posix.O_EXCL, mode, dir_fd=self.fd)
                 created = True
             except FileExistsError:
-                flags &= ~os.O_CREAT
+                flags &= ~posix.O_CREAT
         if not created:
-            fd = os.open(name, flags, dir_fd=self.fd)
+            fd = posix.open(name, flags, dir_fd=self.fd)
         try:
-            st = os.fstat(fd)
+            st = posix.fstat(fd)
             if not stat.S_ISREG(st.st_mode):
-                raise UnsafePath(os.path.join(self.path, name),
+                raise UnsafePath(join(self.path, name),
                                  f"{_kind(st.st_mode)}, not a regular file")
             if created:
-                os.fchmod(fd, mode)      # the umask does not decide
+                posix.fchmod(fd, mode)      # the umask does not decide
         except BaseException:
-            os.close(fd)
+            posix.close(fd)
             raise
         return fd
 
     def read(self, name: str, limit: int = MAX_READ) -> bytes | None:
         """The file's bytes (at most `limit`), None when there is none."""
         try:
-            fd = self.open_regular(name, os.O_RDONLY)
+            fd = self.open_regular(name, posix.O_RDONLY)
         except FileNotFoundError:
             return None
         try:
             return _read_all(fd, limit)
         finally:
-            os.close(fd)
+            posix.close(fd)
 
     def unlink(self, name: str) -> bool:
         """False when there was nothing to remove."""
         try:
-            os.unlink(self._name(name), dir_fd=self.fd)
+            posix.unlink(self._name(name), dir_fd=self.fd)
             return True
         except FileNotFoundError:
             return False
@@ -388,7 +410,7 @@ class Dir:
 def _read_all(fd: int, limit: int) -> bytes:
     chunks = []
     while limit > 0:
-        chunk = os.read(fd, min(limit, 1 << 16))
+        chunk = posix.read(fd, min(limit, 1 << 16))
         if not chunk:
             break
         chunks.append(chunk)
@@ -398,20 +420,21 @@ def _read_all(fd: int, limit: int) -> bytes:
 
 def open_dir(path: str) -> Dir:
     """An existing directory, checked (see the module's docstring)."""
-    return Dir(_walk(path, None), os.path.abspath(path))
+    return Dir(_walk(path, None), _abspath(path))
 
 
 def ensure_dir(path: str, mode: int = 0o755) -> Dir:
     """Our directory: created (with its missing parents) with exactly `mode`,
     or an existing one that passes the check."""
-    return Dir(_walk(path, mode), os.path.abspath(path))
+    return Dir(_walk(path, mode), _abspath(path))
 
 
 def write_file(path: str, data: bytes | str, mode: int = 0o644, durable: bool = False,
                dir_mode: int | None = None) -> None:
     """Replace the file at `path` (Dir.write); dir_mode: create its directory
     (ours) with that mode when missing."""
-    directory, name = os.path.split(os.path.abspath(path))
+    directory, _, name = _abspath(path).rpartition("/")     # os.path.split of it
+    directory = directory or "/"
     with (open_dir(directory) if dir_mode is None else ensure_dir(directory, dir_mode)) as d:
         d.write(name, data, mode, durable)
 
@@ -421,17 +444,17 @@ def read_file(path: str, limit: int = MAX_READ) -> bytes | None:
     `path` nor waits on a FIFO (OSError instead).  The directory is not
     checked: reading trusts what our writes made."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC |
-                     os.O_NOCTTY)
+        fd = posix.open(path, posix.O_RDONLY | posix.O_NOFOLLOW | posix.O_NONBLOCK | posix.O_CLOEXEC |
+                     posix.O_NOCTTY)
     except FileNotFoundError:
         return None
     try:
-        st = os.fstat(fd)
+        st = posix.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
             raise UnsafePath(path, f"{_kind(st.st_mode)}, not a regular file")
         return _read_all(fd, limit)
     finally:
-        os.close(fd)
+        posix.close(fd)
 
 
 def read_text(path: str, limit: int = MAX_READ) -> str | None:

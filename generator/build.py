@@ -7,8 +7,6 @@ becomes a ConfigError naming its file."""
 
 from __future__ import annotations
 
-import os
-
 from .conflicts import find_conflicts
 from .errors import ConfigError
 from .loader import (MAX_DEPTH, discover, forget_cache, is_path, load_model, name_error,
@@ -63,6 +61,7 @@ def load_all(names: list[str] | None = None, dirs: list[str] | None = None) -> L
     model_dirs = {name: dirs for name in found}
     wanted = {n.removesuffix(".service") for n in names or () if not is_path(n)}
     for arg in [n for n in names or () if is_path(n)]:
+        import os       # `check ./x.toml`: not on the generator's path (paths.py)
         path = os.path.abspath(arg)
         name = os.path.basename(path).removesuffix(".toml")
         wanted.add(name)

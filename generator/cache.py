@@ -31,17 +31,20 @@ INFER_UNITS_GENERATOR_CACHE moves it (tests), "" turns it off.
 from __future__ import annotations
 
 import marshal
-import os
 import stat
 import sys
 
-from .paths import RUN_DIR
+from .paths import RUN_DIR, basename, dirname, environ, getenv, is_normal, join
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    import os as posix      # the same functions; typeshed's posix lacks some O_ flags
+else:
+    import posix            # os's C module, not os: paths.py says why
+if TYPE_CHECKING:
     from typing import Any
 
-CACHE_PATH = os.path.join(RUN_DIR, "generator.cache")
+CACHE_PATH = join(RUN_DIR, "generator.cache")
 FORMAT = 2
 
 
@@ -54,14 +57,19 @@ class CachedUnit:
 
 
 def cache_path() -> str | None:
-    if os.geteuid() != 0:
+    if posix.geteuid() != 0:
         return None
-    return os.environ.get("INFER_UNITS_GENERATOR_CACHE", CACHE_PATH) or None
+    found = getenv("INFER_UNITS_GENERATOR_CACHE")
+    return (CACHE_PATH if found is None else found) or None
 
 
 def _package_root() -> str:
     # .../infer_units/generator/cache.py -> .../infer_units
-    return os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    here = __file__
+    if not is_normal(here):
+        import os
+        here = os.path.abspath(here)
+    return dirname(dirname(here))
 
 
 def code_identity() -> tuple[tuple[str, int, int, int, int], ...]:
@@ -70,11 +78,11 @@ def code_identity() -> tuple[tuple[str, int, int, int, int], ...]:
     root = _package_root()
     out = []
     for sub, suffix in (("generator", ".py"), ("units", ".py"), ("units/systemd", ""), ("", ".py")):
-        directory = os.path.join(root, sub)
-        for name in sorted(os.listdir(directory)):
+        directory = join(root, sub)
+        for name in sorted(posix.listdir(directory)):
             if name.endswith(suffix) and name != "__pycache__":
-                path = os.path.join(directory, name)
-                st = os.stat(path)
+                path = join(directory, name)
+                st = posix.stat(path)
                 if stat.S_ISREG(st.st_mode):
                     out.append((path, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns))
     return tuple(out)
@@ -86,26 +94,26 @@ _PER_PROCESS_ENV = frozenset({"SYSTEMD_EXEC_PID"})
 
 
 def run_key(hook_cli: str) -> tuple[Any, ...]:
-    env = tuple(sorted(item for item in os.environ.items() if item[0] not in _PER_PROCESS_ENV))
+    env = tuple(sorted(item for item in environ().items() if item[0] not in _PER_PROCESS_ENV))
     # The directories in argv are where units go, not what they say: a run
     # into another directory replays (systemd's is the same at every run;
     # tests and `render --output` use others).
-    return (FORMAT, sys.version, (sys.argv[0], len(sys.argv)), env, os.uname().nodename,
+    return (FORMAT, sys.version, (sys.argv[0], len(sys.argv)), env, posix.uname().nodename,
             hook_cli, code_identity())
 
 
 def _trusted_fd(path: str) -> int | None:
     """An fd on `path` if root alone can have written it, else None."""
     try:
-        parent = os.lstat(os.path.dirname(path))
+        parent = posix.lstat(dirname(path))
         if not stat.S_ISDIR(parent.st_mode) or parent.st_uid != 0 or parent.st_mode & 0o022:
             return None
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        fd = posix.open(path, posix.O_RDONLY | posix.O_NOFOLLOW | posix.O_NONBLOCK | posix.O_CLOEXEC)
     except OSError:
         return None
-    st = os.fstat(fd)
+    st = posix.fstat(fd)
     if not stat.S_ISREG(st.st_mode) or st.st_uid != 0 or st.st_mode & 0o022:
-        os.close(fd)
+        posix.close(fd)
         return None
     return fd
 
@@ -117,12 +125,12 @@ def lookup(path: str, key: tuple[Any, ...]) -> list[CachedUnit] | None:
         return None
     try:
         chunks = []
-        while chunk := os.read(fd, 1 << 20):
+        while chunk := posix.read(fd, 1 << 20):
             chunks.append(chunk)
     except OSError:
         return None
     finally:
-        os.close(fd)
+        posix.close(fd)
     try:
         stored = marshal.loads(b"".join(chunks))
         stored_key, record, units = stored
@@ -155,7 +163,7 @@ def _older_than_process(key: tuple[Any, ...]) -> bool:
         return False
     # The boot's moment on the clock file times use, to the microsecond.
     boot = time.clock_gettime(time.CLOCK_REALTIME) - time.clock_gettime(time.CLOCK_BOOTTIME)
-    started_ns = (boot + start_ticks / os.sysconf("SC_CLK_TCK")) * 1e9
+    started_ns = (boot + start_ticks / posix.sysconf("SC_CLK_TCK")) * 1e9
     # Start ticks are 10 ms, file times the kernel's coarse clock: 100 ms of margin.
     return all(ctime < started_ns - 1e8 for *_, ctime in key[-1])
 
@@ -172,7 +180,7 @@ def store(path: str, key: tuple[Any, ...], record: list[tuple[str, str, Any]],
     try:
         # Our directory, root's and 0755 (checked from / if it exists);
         # the file root's alone (0600), written the one way files are.
-        with ensure_dir(os.path.dirname(path), 0o755) as d:
-            d.write(os.path.basename(path), data, 0o600)
+        with ensure_dir(dirname(path), 0o755) as d:
+            d.write(basename(path), data, 0o600)
     except OSError:
         pass

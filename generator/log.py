@@ -18,11 +18,16 @@ stderr is never enough.  Where a message goes, first that works:
 
 from __future__ import annotations
 
-import os
 import stat
 import sys
 
+from .paths import getenv
+
 TYPE_CHECKING = False
+if TYPE_CHECKING:
+    import os as posix      # the same functions; typeshed's posix lacks some O_ flags
+else:
+    import posix            # os's C module, not os: paths.py says why
 if TYPE_CHECKING:
     from typing import Any, TextIO
 
@@ -34,7 +39,7 @@ REPORT_UNIT = "infer-units-generator-report.service"
 
 
 def _max_level() -> int:
-    raw = os.environ.get("SYSTEMD_LOG_LEVEL", "info").strip().lower()
+    raw = (getenv("SYSTEMD_LOG_LEVEL") or "info").strip().lower()
     if raw.isdigit():
         return min(int(raw), 7)
     return LEVELS.get(raw, 6)
@@ -44,15 +49,15 @@ def open_kmsg(path: str = KMSG) -> int | None:
     """A write fd on the kernel log, or None.  No O_CREAT: never make the file;
     O_NONBLOCK: a FIFO put there must not hang the boot."""
     try:
-        fd = os.open(path, os.O_WRONLY | os.O_NOCTTY | os.O_CLOEXEC | os.O_NONBLOCK)
+        fd = posix.open(path, posix.O_WRONLY | posix.O_NOCTTY | posix.O_CLOEXEC | posix.O_NONBLOCK)
     except OSError:
         return None
     try:
-        if stat.S_ISCHR(os.fstat(fd).st_mode):
+        if stat.S_ISCHR(posix.fstat(fd).st_mode):
             return fd
     except OSError:
         pass
-    os.close(fd)
+    posix.close(fd)
     return None
 
 
@@ -61,11 +66,11 @@ def stderr_is_for_people(stream: TextIO | None = None) -> bool:
     stream = sys.stderr if stream is None else stream
     try:
         fd = stream.fileno()
-        if os.isatty(fd):
+        if posix.isatty(fd):
             return True
-        journal = os.environ.get("JOURNAL_STREAM", "")
+        journal = getenv("JOURNAL_STREAM") or ""
         if journal:
-            st = os.fstat(fd)
+            st = posix.fstat(fd)
             return journal == f"{st.st_dev}:{st.st_ino}"
     except (OSError, ValueError, AttributeError):
         pass
@@ -81,7 +86,7 @@ def say(priority: int, message: str, ident: str = "infer-units",
     stream = sys.stderr if stream is None else stream
     message = message.replace("\n", " ")
     try:
-        tty = os.isatty(stream.fileno())
+        tty = posix.isatty(stream.fileno())
     except (OSError, ValueError, AttributeError):
         tty = False
     head = f"{ident}: " if ident else ""
@@ -116,7 +121,7 @@ class GeneratorLog:
         self.undelivered: list[tuple[int, str]] = []   # for the report unit
         self._kmsg: int | None = None
         self._sock: Any = None
-        target = os.environ.get("SYSTEMD_LOG_TARGET", "auto").strip().lower()
+        target = (getenv("SYSTEMD_LOG_TARGET") or "auto").strip().lower()
         # "stderr", "kmsg", "journal" or "auto" (kmsg, else journal, else report)
         if target in ("console", "console-prefixed") or stderr_is_for_people():
             self.sink = "stderr"
@@ -132,7 +137,7 @@ class GeneratorLog:
         message = message.replace("\n", " ")
         if self.sink == "kmsg" and self._kmsg is not None:
             try:
-                os.write(self._kmsg, f"<{level}>{self.ident}[{os.getpid()}]: {message}\n"
+                posix.write(self._kmsg, f"<{level}>{self.ident}[{posix.getpid()}]: {message}\n"
                          .encode("utf-8", "replace"))
                 return
             except OSError:
@@ -152,7 +157,7 @@ class GeneratorLog:
         except OSError:
             return False
         return journal_send({"MESSAGE": message, "PRIORITY": str(level),
-                             "SYSLOG_IDENTIFIER": self.ident, "SYSLOG_PID": str(os.getpid())},
+                             "SYSLOG_IDENTIFIER": self.ident, "SYSLOG_PID": str(posix.getpid())},
                             self.journal_socket, self._sock)
 
     def error(self, message: str) -> None:
@@ -164,7 +169,7 @@ class GeneratorLog:
     def finish(self, out_dir: str) -> None:
         """What reached no log becomes a unit that logs it once journald runs."""
         if self._kmsg is not None:
-            os.close(self._kmsg)
+            posix.close(self._kmsg)
             self._kmsg = None
         if not self.undelivered:
             return
@@ -197,4 +202,4 @@ def write_report_unit(out_dir: str, ident: str, messages: list[tuple[int, str]])
     with open_dir(out_dir) as out:
         out.write(REPORT_UNIT, "\n".join(lines) + "\n")
         with out.sub("sysinit.target.wants") as wants:
-            wants.symlink(REPORT_UNIT, os.path.join("..", REPORT_UNIT))
+            wants.symlink(REPORT_UNIT, "../" + REPORT_UNIT)

@@ -62,14 +62,15 @@ class Model:
     liveness: Liveness | None       # [liveness]; None: off (interval = "0")
     health_accept: tuple[str, ...]  # [health] accept: checks whose errors do not refuse
 
-    def __init__(self, **fields: Any) -> None:
+    def __init__(self, fields: dict[str, Any]) -> None:
+        """`fields`: every attribute (build_model's dict, which the model keeps)."""
         # The annotations above and settings.SETTINGS' attrs must agree: a
         # setting whose attribute is not declared here fails the first model.
         if fields.keys() != self.__annotations__.keys():
             missing = set(self.__annotations__) - set(fields)
             extra = set(fields) - set(self.__annotations__)
             raise TypeError(f"Model lacks {sorted(missing)}, has undeclared {sorted(extra)}")
-        self.__dict__.update(fields)
+        self.__dict__ = fields
 
     @property
     def unit_name(self) -> str:
@@ -99,12 +100,17 @@ def _flatten(data: dict[str, Any], merged: MergedConfig) -> dict[str, Any]:
     """Dotted keys for the fixed tables; free-form tables stay whole."""
     flat: dict[str, Any] = {}
     for key, value in data.items():
-        if key == "nccl":
+        if key not in _TABLES:
+            if "." in key:
+                # A quoted top-level "reap.timeout" is not [reap] timeout.
+                raise ConfigError(merged.file_of(key), key, "unknown key")
+            flat[key] = value
+        elif key == "nccl":
             if not isinstance(value, dict):
                 raise ConfigError(merged.file_of(key), key, "expected a table")
             for sub, subvalue in value.items():
                 flat[f"nccl.{sub}"] = subvalue
-        elif key in FIXED_TABLES:
+        else:
             if not isinstance(value, dict):
                 raise ConfigError(merged.file_of(key), key, "expected a table")
             for sub, subvalue in value.items():
@@ -114,12 +120,10 @@ def _flatten(data: dict[str, Any], merged: MergedConfig) -> dict[str, Any]:
                     raise ConfigError(merged.file_of(dotted), dotted,
                                       f"unknown key (known in [{key}]: {known})")
                 flat[dotted] = subvalue
-        elif "." in key:
-            # A quoted top-level "reap.timeout" is not [reap] timeout.
-            raise ConfigError(merged.file_of(key), key, "unknown key")
-        else:
-            flat[key] = value
     return flat
+
+
+_TABLES = frozenset(("nccl", *FIXED_TABLES))      # the tables _flatten takes apart
 
 
 def _nccl_name(key: str) -> str:
@@ -132,10 +136,16 @@ def build_model(merged: MergedConfig) -> Model:
     _check_path(merged.main_path)
     flat = _flatten(merged.data, merged)
     # Every setting's default (shared objects, as always), then what the files set, checked.
-    values = {key: setting.default for key, setting in BY_KEY.items()}
+    values = dict(_DEFAULTS)
     nccl_env: dict[str, str] = {}
     for key, raw in flat.items():
-        if key.startswith("nccl.") and key != "nccl.p2p":
+        setting = BY_KEY.get(key)
+        if setting is not None:
+            try:
+                values[key] = setting.check(raw)
+            except ValueError as e:
+                raise ConfigError(merged.file_of(key), key, str(e)) from None
+        elif key.startswith("nccl."):       # any NCCL variable (nccl.p2p is a setting)
             try:
                 name = _nccl_name(key[5:])
                 if not is_env_name(name):
@@ -144,18 +154,12 @@ def build_model(merged: MergedConfig) -> Model:
                 nccl_env[name] = scalar_text(raw, key)
             except ValueError as e:
                 raise ConfigError(merged.file_of(key), key, str(e)) from None
-            continue
-        setting = BY_KEY.get(key)
-        if setting is None:
+        else:
             raise ConfigError(merged.file_of(key), key, "unknown key")
-        try:
-            values[key] = setting.check(raw)
-        except ValueError as e:
-            raise ConfigError(merged.file_of(key), key, str(e)) from None
     _cross_check(values, merged)
     spec = ENGINE_SPECS[values["engine"]]
     nodes = None
-    if any(values[key] is not None for key in _NODES_KEYS):
+    if not _NODES_KEYS.isdisjoint(flat) and any(values[key] is not None for key in _NODES_KEYS):
         from .nodes import build_nodes     # one model across hosts: rare, and its own module
         nodes = build_nodes(values, merged, spec.health_path or "/health")
     instance_args, ports = _instance_ports(merged.name, values, spec, merged)
@@ -165,28 +169,32 @@ def build_model(merged: MergedConfig) -> Model:
         elif values["engine"] == "vllm":
             del ports["port"]           # --headless: no HTTP server
     probe_timeout = _probe_timeout(values, spec)
-    return Model(
-        name=merged.name,
-        main_path=merged.main_path,
-        sources=tuple(merged.sources),
-        # Every setting that is an attribute as it is (settings.SETTINGS says which)...
-        **{attr: values[key] if convert is None else convert(values[key])
-           for key, attr, convert in _DIRECT},
-        # ... and those derived from settings, the engine and the nodes.
-        nccl_env=nccl_env,
-        reap_ignore=tuple(dict.fromkeys(BUILTIN_IGNORE + tuple(values["reap.ignore"]))),
-        ready_probe_timeout=probe_timeout,
-        stop_timeout=_stop_timeout(values, spec, merged),
-        instance_args=instance_args,
-        ports=ports,
-        nodes=nodes,
-        liveness=build_liveness(values, merged, probe_timeout, spec.liveness_probe),
-    )
+    fields: dict[str, Any] = {"name": merged.name, "main_path": merged.main_path,
+              "sources": tuple(merged.sources)}
+    # Every setting that is an attribute as it is (settings.SETTINGS says which;
+    # a map and a zip, not a loop of ours: a model has ~25)...
+    keys, attrs, _ = zip(*_DIRECT)
+    fields.update(zip(attrs, map(values.__getitem__, keys)))
+    for key, attr, convert in _CONVERTED:
+        fields[attr] = convert(values[key])
+    # ... and those derived from settings, the engine and the nodes.
+    fields["nccl_env"] = nccl_env
+    fields["reap_ignore"] = tuple(dict.fromkeys(BUILTIN_IGNORE + tuple(values["reap.ignore"])))
+    fields["ready_probe_timeout"] = probe_timeout
+    fields["stop_timeout"] = _stop_timeout(values, spec, merged)
+    fields["instance_args"] = instance_args
+    fields["ports"] = ports
+    fields["nodes"] = nodes
+    fields["liveness"] = build_liveness(values, merged, probe_timeout, spec.liveness_probe)
+    return Model(fields)
 
 
-_NODES_KEYS = tuple(s.key for s in SETTINGS if s.key.startswith("nodes."))
+_NODES_KEYS = frozenset(s.key for s in SETTINGS if s.key.startswith("nodes."))   # all None by default
 # (key, Model attribute, conversion) of every setting the Model holds as it is.
 _DIRECT = tuple((s.key, s.attr, s.convert) for s in SETTINGS if s.attr != DERIVED)
+_CONVERTED = tuple((s.key, s.attr, s.convert) for s in SETTINGS
+                   if s.attr != DERIVED and s.convert is not None)
+_DEFAULTS = {s.key: s.default for s in SETTINGS}
 
 
 def _probe_timeout(v: dict[str, Any], spec: Any) -> float:

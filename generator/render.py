@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import math
-
 from .. import __version__
-from ..units.compiled import TEMPLATES
+from ..units.compiled import PARTS
 from .durations import format_seconds
 from .engines import ENGINE_SPECS
 from .liveness import (DEFAULT_INTERVAL_S, DROPIN, PROBE_MARGIN_S, TEMPLATE_PROBE_TIMEOUT_S,
@@ -13,7 +11,7 @@ from .liveness import (DEFAULT_INTERVAL_S, DROPIN, PROBE_MARGIN_S, TEMPLATE_PROB
                        timer_name)
 from .model import Model
 from .settings import BUILTIN_IGNORE
-from .systemd_quote import (comment_text, environment_assignment, exec_line, exec_word,
+from .systemd_quote import (comment_text, environment_assignments, exec_line, exec_word,
                             exec_words, path_value, plain_value)
 
 from .paths import HOOK_CLI, RUN_DIR   # the installed CLI the hooks call (generator/paths.py)
@@ -44,69 +42,12 @@ class RenderedUnit:
         self.links = links    # directories to link from: "multi-user.target.wants"
 
 
-_FORMATS: dict[str, tuple[tuple[str, ...], tuple[str, ...], tuple[int, ...]]] = {}
-
-
-def _format_of(template: str) -> tuple[tuple[str, ...], tuple[str, ...], tuple[int, ...]]:
-    """The template as str.format would read it, split once: its literal
-    texts, the fields between them, and which fields are optional (a line
-    that is only one placeholder is an optional block, gone when empty; its
-    value brings its own newline)."""
-    found = _FORMATS.get(template)
-    if found is None:
-        parts = []
-        for line in TEMPLATES[template]:
-            if line.startswith("{") and line.endswith("}") and line.count("{") == 1 \
-                    and line[1:-1].isidentifier():
-                parts.append(line)
-            else:
-                parts.append(line + "\n")
-        literals, fields = [""], []
-        for part in parts:
-            optional = part.endswith("}")       # the only part without its newline
-            for text, field in _fields(part):
-                literals[-1] += text
-                if field is not None:
-                    fields.append((field, optional))
-                    literals.append("")
-        found = _FORMATS[template] = (tuple(literals), tuple(f for f, _ in fields),
-                                      tuple(i for i, (_, opt) in enumerate(fields) if opt))
-    return found
-
-
-def _fields(part: str) -> list[tuple[str, str | None]]:
-    """(literal text, then the {field} after it or None), as str.format reads
-    `part`: "{{" and "}}" are braces; a field is a plain name (the compiled
-    templates have no other)."""
-    out: list[tuple[str, str | None]] = []
-    text, i = "", 0
-    while i < len(part):
-        c = part[i]
-        if c in "{}" and part.startswith(c + c, i):
-            text, i = text + c, i + 2
-        elif c == "{":
-            end = part.find("}", i)
-            field = part[i + 1:end]
-            if end < 0 or not field.isidentifier():
-                raise ValueError(f"template line {part!r}: not a plain {{field}}")
-            out.append((text, field))
-            text, i = "", end + 1
-        elif c == "}":
-            raise ValueError(f"template line {part!r}: a single '}}'")
-        else:
-            end = min((j for j in (part.find("{", i), part.find("}", i)) if j >= 0),
-                      default=len(part))
-            text, i = text + part[i:end], end
-    out.append((text, None))
-    return out
-
-
 def fill(template: str, values: dict[str, str]) -> str:
     """What text.format_map(values) gives, an optional block's newline added
     when it has a value; a join of the pieces (format_map cost a quarter of
-    rendering)."""
-    literals, keys, optional = _format_of(template)
-    given = [values[key] for key in keys]
+    rendering), split at build time (units/compile_templates.py)."""
+    literals, keys, optional = PARTS[template]
+    given = list(map(values.__getitem__, keys))
     for i in optional:
         if given[i]:
             given[i] += "\n"
@@ -182,10 +123,12 @@ def _node_args(m: Model) -> list[str]:
         + (["--headless"] if not nodes.is_head else [])
 
 
-def _environment(m: Model) -> list[str]:
+def _environment(m: Model, selector: str | None, pci: bool) -> str:
+    """The Environment= lines (`selector`, `pci`: m.gpu_selector(), m.gpus_by_pci)."""
     env: dict[str, str] = {}
-    if isinstance(m.gpus, list) and not m.gpus_by_pci:
-        env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in m.gpus)
+    if isinstance(m.gpus, list) and not pci:
+        assert selector is not None
+        env["CUDA_VISIBLE_DEVICES"] = selector
     spec = ENGINE_SPECS[m.engine]
     if m.nccl_p2p == "off":
         env["NCCL_P2P_DISABLE"] = "1"
@@ -196,13 +139,13 @@ def _environment(m: Model) -> list[str]:
         # vLLM aborts its own start after this many seconds ("often caused by
         # slow weight loading"): never before our [ready] timeout.
         env["VLLM_ENGINE_READY_TIMEOUT_S"] = str(max(VLLM_DEFAULT_READY_S,
-                                                     math.ceil(m.ready_timeout)))
+                                                     -int(-m.ready_timeout // 1)))   # ceil
         # Unset, vLLM SIGKILLs EngineCore and its workers right after SIGTERM
         # (--shutdown-timeout 0); this gives them time to free the GPUs cleanly.
         env["VLLM_WORKER_SHUTDOWN_TIMEOUT_SECONDS"] = "10"
     env.update(m.nccl_env)
     env.update(m.env)
-    return [f"Environment={environment_assignment(k, v)}" for k, v in env.items()]
+    return "\n".join(["Environment=" + text for text in environment_assignments(env)])
 
 
 # The constant heads of the Exec lines every model has, quoted once.
@@ -223,19 +166,18 @@ def _ignore_args(m: Model) -> list[str]:
     return args
 
 
-def _exec_start_pre(m: Model) -> list[str]:
+def _exec_start_pre(m: Model, selector: str | None, pci: bool, ignore: list[str]) -> str:
     """One privileged process for every start check (each process start costs
     ~50 ms of the restart; see bench/restart_bench.py).  Every model has
-    one, with neither gpus nor port too: the drain fence is its first check."""
+    one, with neither gpus nor port too: the drain fence is its first check.
+    (`selector`, `pci`, `ignore`: m.gpu_selector(), m.gpus_by_pci, _ignore_args(m).)"""
     argv = ["pre-start", "--unit", m.unit_name]
-    selector = m.gpu_selector()
-    pci = m.gpus_by_pci
     p2p = m.nccl_p2p == "auto" and selector is not None
     if selector is not None:
         argv += ["--gpus", selector, "--foreign", m.reap_foreign,
                  "--term-grace", format_seconds(m.reap_term_grace),
                  "--timeout", format_seconds(m.reap_timeout)]
-        argv += _ignore_args(m)
+        argv += ignore
         if m.health_accept:
             argv += ["--accept-health", ",".join(m.health_accept)]
     if "port" in m.ports:
@@ -267,16 +209,17 @@ def _exec_start_pre(m: Model) -> list[str]:
         for name, value in m.env.items():
             if not name.startswith("INFER_UNITS_"):
                 argv += ["--p2p-env", f"{name}={value}"]
-    return ["ExecStartPre=+" + _hook(*argv)]
+    return "ExecStartPre=+" + _hook(*argv)
 
 
-def _timeout_start(m: Model) -> str:
+def _timeout_start(m: Model, url: str | None) -> str:
+    """`url`: health_url(m)."""
     if m.is_worker:
         # A worker waits for its head as long as it takes (the hooks bound
         # every other step themselves).
         return "infinity"
     total = m.reap_term_grace + 2 * m.reap_timeout + START_MARGIN_S   # reap, then port
-    if health_url(m) is not None:
+    if url is not None:
         total += m.ready_timeout + m.ready_probe_timeout
     if m.nccl_p2p == "auto":
         total += P2P_ALLOWANCE_S
@@ -301,11 +244,11 @@ def _directives(directives: dict[str, list[str]]) -> list[str]:
     return [f"{key}={value}" for key, values in directives.items() for value in values]
 
 
-def _description(m: Model) -> str:
+def _description(m: Model, gpus: str | None) -> str:
+    """`gpus`: m.gpu_selector()."""
     if m.description:
         return m.description
     what = " ".join(m.command) if m.command else f"{m.engine} {m.model}"
-    gpus = m.gpu_selector()
     return f"{what}" + (f" on GPUs {gpus}" if gpus else "") + \
         (f", port {m.port}" if m.port else "") + " (infer-units)"
 
@@ -369,6 +312,14 @@ def shipped_units(cli: str = HOOK_CLI) -> list[RenderedUnit]:
     return units
 
 
+def _sources(sources: tuple[str, ...]) -> str:
+    """The files applied, for the unit's second comment line."""
+    joined = " ".join(sources)
+    if joined.isprintable():        # each one is: comment_text() would change none
+        return joined
+    return " ".join([comment_text(s) for s in sources])
+
+
 def render(m: Model) -> RenderedUnit:
     url = health_url(m)
     post = []
@@ -382,19 +333,22 @@ def render(m: Model) -> RenderedUnit:
             url, "--timeout", format_seconds(m.ready_timeout),
             "--interval", format_seconds(m.ready_interval),
             "--probe-timeout", format_seconds(m.ready_probe_timeout)]) + " --pid $MAINPID")
+    # Asked once here, handed to the parts that need them.
     selector = m.gpu_selector()
+    pci = m.gpus_by_pci
+    ignore = _ignore_args(m) if selector is not None else []
     liveness_wants, liveness_stop_post = _liveness(m, url)
     cap: tuple[str, ...] = ()
     if selector and liveness_stop_post:
         # wait-free checks the cap itself: no /bin/sh process on every stop.
         cap, liveness_stop_post = ("--liveness-cap", cap_marker(m.name, state_dir(m.env))), ""
     stop_post = (_hook("wait-free", "--gpus", selector, "--unit", m.unit_name,
-                       "--timeout", format_seconds(_stop_post_timeout(m)), *_ignore_args(m),
+                       "--timeout", format_seconds(_stop_post_timeout(m)), *ignore,
                        *cap) + " --result $SERVICE_RESULT") if selector else ""
     values = {
         "version": __version__,
-        "sources": " ".join(comment_text(s) for s in m.sources),
-        "description": plain_value(_description(m)),
+        "sources": _sources(m.sources),
+        "description": plain_value(_description(m, selector)),
         "liveness_wants": liveness_wants,
         "liveness_stop_post": liveness_stop_post,
         "source_path": path_value(m.main_path),
@@ -402,12 +356,12 @@ def render(m: Model) -> RenderedUnit:
         "user": f"User={m.user}" if m.user else "",
         "name": m.name,
         "run_dir": ENV_FILE_DIR,
-        "environment": "\n".join(_environment(m)),
-        "exec_start_pre": "\n".join(_exec_start_pre(m)),
+        "environment": _environment(m, selector, pci),
+        "exec_start_pre": _exec_start_pre(m, selector, pci, ignore),
         "exec_start": _engine_argv(m),
         "exec_start_post": "\n".join(post),
         "exec_stop_post": f"ExecStopPost=+{stop_post}" if stop_post else "",
-        "timeout_start": _timeout_start(m),
+        "timeout_start": _timeout_start(m, url),
         "kill_signal": _kill_signal(m),
         "timeout_stop": format_seconds(m.stop_timeout + STOP_MARGIN_S),
         "service_directives": "\n".join(_directives(m.service_directives)),

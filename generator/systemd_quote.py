@@ -67,6 +67,17 @@ def environment_assignment(name: str, value: str) -> str:
     return '"' + text.translate(_ENV_TABLE) + '"'
 
 
+def environment_assignments(env: dict[str, str]) -> list[str]:
+    """environment_assignment() of each NAME=value; the usual case (none
+    needs an escape) checked once for all of them."""
+    texts = [f"{name}={value}" for name, value in env.items()]
+    whole = "".join(texts)      # the checks are per character: all of them at once
+    if whole.isascii() and whole.isprintable() and "\\" not in whole and '"' not in whole \
+            and "%" not in whole:
+        return ['"' + text + '"' for text in texts]
+    return [environment_assignment(name, value) for name, value in env.items()]
+
+
 _PLAIN_TABLE: dict[int, str | None] = {c: " " for c in (*range(0x20), 0x7F, 0x85, 0x2028, 0x2029)}
 _PLAIN_TABLE[ord("%")] = "%%"
 
@@ -124,7 +135,8 @@ def unit_text_problem(text: str) -> str | None:
         except UnicodeEncodeError:
             return "would not be valid UTF-8"
     # One memchr() a character (all ASCII: in UTF-8 they are those bytes):
-    # less than half of a translate() of the whole unit.
+    # less than half of a translate() of the whole unit, and of isprintable()'s
+    # table look-up a character.
     for c in _BAD_CHARS:
         if c in text:
             return "would contain a control character (CR, NUL, ...)"

@@ -200,9 +200,10 @@ class Parser:
         p = Real(prog=self.prog, description=self.description, formatter_class=_formatter,
                  allow_abbrev=False)
         for a in self._actions[1:]:
-            kw: dict[str, Any] = {"dest": a.dest, "help": a.help, "action": a.kind}
+            kw: dict[str, Any] = {"dest": a.dest, "help": a.help, "action": a.kind,
+                                  "default": a.default}
             if a.kind != "store_true":
-                kw.update(default=a.default, type=a.type, choices=a.choices, metavar=a.metavar)
+                kw.update(type=a.type, choices=a.choices, metavar=a.metavar)
             if a.required:
                 kw["required"] = True
             p.add_argument(*a.option_strings, **kw)

@@ -1,6 +1,8 @@
 """`infer-units`: the hooks units run on every start and stop go straight to
-argparse (helpers/hooks/unit.py), and so does `reap` (hooks/reap.py, timed
-end to end) unless asked for --help; everything else goes to the click CLI.
+their parser (helpers/hooks/unit.py, hooks/args.py: argparse's declarations,
+no argparse import unless for --help or a usage error), and so does `reap`
+(hooks/reap.py, timed end to end) unless asked for --help; everything else
+goes to the click CLI.
 
 Whatever escapes a command is one line on stderr and exit 1, never a
 traceback in the journal (INFER_UNITS_DEBUG=1 shows it)."""

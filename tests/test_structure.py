@@ -112,15 +112,17 @@ def test_the_hooks_path_imports_neither_click_nor_the_cli() -> None:
 
 def test_reap_runs_without_click_and_its_help_is_clicks(fake_gpus: FakeGpus) -> None:
     """`infer-units reap` is timed end to end (DESIGN.md "Performance goals"):
-    it runs on its argparse parser (hooks/reap.py); --help is the click command
-    built from that parser, with the same options and defaults."""
+    it runs on the hooks' parser (hooks/args.py, argparse's declarations
+    without argparse's import); --help is the click command built from that
+    parser, with the same options and defaults."""
     done = subprocess.run([PYTHON, "-X", "importtime", "-m", "infer_units", "reap", "--gpus", "0",
                            "--dry-run"], capture_output=True, text=True, timeout=60,
                           env=fake_gpus.env())
     assert done.returncode == 0, done.stderr
     loaded = [line.rsplit("|", 1)[-1].strip() for line in done.stderr.splitlines()
               if line.startswith("import time:")]
-    assert "dry run" in done.stderr and "argparse" in loaded and "infer_units.helpers.act.reaper" in loaded
+    assert "dry run" in done.stderr and "infer_units.helpers.act.reaper" in loaded
+    assert "argparse" not in loaded and "gettext" not in loaded, loaded
     assert not [m for m in loaded if m.split(".")[0] == "click"
                 or m.startswith("infer_units.helpers.cli")], loaded
     shown = subprocess.run([PYTHON, "-m", "infer_units", "reap", "--help"], capture_output=True,

@@ -3,7 +3,6 @@ names, die() for a user error (JSON output: helpers/jsonout.py)."""
 
 from __future__ import annotations
 
-import argparse
 import sys
 from typing import Any, Callable, NoReturn
 
@@ -56,11 +55,12 @@ PORT = Checked(argtypes.port)
 HOST = Checked(argtypes.host)
 
 
-def from_argparse(parser: argparse.ArgumentParser, name: str,
+def from_argparse(parser: Any, name: str,
                   command: Callable[..., int]) -> click.Command:
-    """The click command of an argparse parser's options (hooks/reap.py
-    declares them once): flags, store_true, append, choices, required, and
-    types that are argtypes checks.  Its callback exits with command's code."""
+    """The click command of a parser's options (hooks/args.py's Parser,
+    whose actions are argparse's; hooks/reap.py declares them once): flags,
+    store_true, append, choices, required, and types that are argtypes checks.
+    Its callback exits with command's code."""
     params: list[click.Parameter] = []
     for action in parser._actions:
         if not action.option_strings or "-h" in action.option_strings:

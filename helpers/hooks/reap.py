@@ -1,5 +1,5 @@
-"""`infer-units reap`: the operator's command, parsed here with argparse as
-the unit hooks are, because it is timed end to end: it is what restart
+"""`infer-units reap`: the operator's command, parsed here with hooks/args.py's
+parser as the unit hooks are, because it is timed end to end: it is what restart
 scripts run between a stop and a start, in place of SGLang's killall.py
 (DESIGN.md "Performance goals": 20x faster than it on the same holders).
 click's import alone was 36 ms of a 10 ms interpreter start on the H200
@@ -12,7 +12,6 @@ completion read the same options, defaults and help (helpers/entry.py sends
 
 from __future__ import annotations
 
-import argparse
 import sys
 
 TYPE_CHECKING = False
@@ -53,7 +52,7 @@ def _span(key: str) -> str:
     return format_seconds(settings.default(key))
 
 
-def parser() -> argparse.ArgumentParser:
+def parser() -> Parser:
     p = _Parser(prog=PROG, description="Reap the users of GPUs and wait until they are free.")
     p.add_argument("--gpus", dest="selector", required=True, metavar="SEL",
                    help='"0,1", "GPU-…", PCI ids, or "all".')

@@ -2,7 +2,8 @@
 liveness-probe (helpers/commands.py HOOKS lists them).
 
 They run on every start and stop, so they are parsed here, once, with
-argparse, and never import click (which alone costs a third of a hook's
+hooks/args.py's parser (argparse's declarations; argparse itself only for
+--help and usage errors), and never import click (which alone costs a third of a hook's
 start-up); `infer-units pre-start ...` reaches them through helpers/entry.py.
 What they do lives in facts/, decide/ and act/, shared with the operator
 commands.  Their options take choices and defaults from generator/settings.py,
@@ -11,7 +12,6 @@ as the model files do.
 
 from __future__ import annotations
 
-import argparse
 import os
 import signal
 import sys
@@ -28,7 +28,7 @@ from ...generator import settings
 from ...generator.log import say
 from .. import argtypes, exitcodes
 from ..argtypes import unit_name
-from .args import Parser, checked
+from .args import SUPPRESS, Namespace, Parser, checked
 
 ERR, WARNING, NOTICE, INFO = 3, 4, 5, 6     # syslog priorities: journalctl -p
 
@@ -116,7 +116,7 @@ def pre_start(argv: list[str]) -> int:
     p.add_argument("--accept-health", type=checked(argtypes.health_checks), default=(),
                    metavar="CHECK,...", help="[health] accept: health checks whose errors do "
                                              "not refuse the start")
-    p.add_argument("--root-dir", help=argparse.SUPPRESS)   # tests: a fake /proc, /sys, /dev
+    p.add_argument("--root-dir", help=SUPPRESS)   # tests: a fake /proc, /sys, /dev
     a = p.parse_args(argv)
     unit = unit_name(a.unit)
     from ..decide.fence import refusal
@@ -205,7 +205,7 @@ def _healthy_enough(b: Backend, gpus: list[Gpu], unit: str, accept: tuple[str, .
     return not refusing
 
 
-def _start_checks(a: argparse.Namespace, unit: str, claims: GpuClaims | None) -> int:
+def _start_checks(a: Namespace, unit: str, claims: GpuClaims | None) -> int:
     """Reap, env file, port, P2P: pre-start after the GPUs are claimed."""
     gpus = claims.gpus if claims is not None else []
     if claims is not None:

@@ -154,6 +154,23 @@ def test_pynvml_loads_without_ctypes_util_and_gets_the_real_find_library(tmp_pat
     assert done.stdout.split("\n")[:2] == ["[]", "True"], done.stdout
 
 
+def test_a_pynvml_that_asks_ctypes_util_while_it_loads_gets_the_real_one(tmp_path: Path) -> None:
+    """The stand-in answers any use during the import (review): the module's
+    attribute, a call at import time; nothing is left of it afterwards."""
+    (tmp_path / "pynvml.py").write_text("import ctypes.util\nfrom ctypes.util import find_library\n"
+                                        "A = ctypes.util.find_library('c')\nB = find_library('c')\n"
+                                        "C = ctypes.util.LOAD_LIBRARY_AS_DATAFILE if False else 1\n")
+    script = ("import sys; sys.path[:0] = [sys.argv[1], sys.argv[2]]\n"
+              "from infer_units.helpers.facts.gpus import _load_pynvml\n"
+              "m = _load_pynvml(); import ctypes, ctypes.util\n"
+              "print(m.A == m.B == ctypes.util.find_library('c') is not None,"
+              " ctypes.util.__spec__ is not None, sys.modules['ctypes.util'] is ctypes.util)\n")
+    done = subprocess.run([PYTHON, "-IS", "-c", script, str(tmp_path), str(ROOT)],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["True", "True", "True"], done.stdout
+
+
 def test_the_readme_names_every_module_in_its_room() -> None:
     text = (ROOT / "README.md").read_text(encoding="utf-8")
     section = text[text.index("## How it is built"):text.index("The generator runs at every boot")]

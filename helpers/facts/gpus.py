@@ -319,26 +319,49 @@ class _find_library_on_demand:
     """pynvml does `from ctypes.util import find_library` and uses it only on
     Windows; on Linux it opens libnvidia-ml.so.1 by name.  ctypes.util brings
     subprocess, shutil and tempfile: 6 ms of reap's start here, twice that on
-    the H200 host.  For pynvml's import only, `ctypes.util` is a stand-in whose
-    find_library imports the real one when called; afterwards the name is
-    the real module's again for every other importer."""
+    the H200 host.  For pynvml's import only, `ctypes.util` is a stand-in:
+    anything asked of it (find_library, any other name) puts the real module
+    in its place first and answers from it; afterwards the name is the real
+    module's again for every other importer."""
 
     def __enter__(self) -> None:
+        import ctypes
         self.lent = "ctypes.util" not in sys.modules
-        if self.lent:
-            import types
-            stand_in = types.ModuleType("ctypes.util")
+        if not self.lent:
+            return
+        import types
+        stand_in = types.ModuleType("ctypes.util")
 
-            def find_library(name: str) -> str | None:
-                from ctypes.util import find_library as real
-                return real(name)
-            stand_in.find_library = find_library  # type: ignore[attr-defined]
-            sys.modules["ctypes.util"] = stand_in
+        def real() -> Any:
+            if sys.modules.get("ctypes.util") is stand_in:
+                del sys.modules["ctypes.util"]
+            if getattr(ctypes, "util", None) is stand_in:
+                delattr(ctypes, "util")
+            import importlib
+            return importlib.import_module("ctypes.util")
+
+        def find_library(name: str) -> str | None:
+            found: str | None = real().find_library(name)
+            return found
+        stand_in.find_library = find_library  # type: ignore[attr-defined]
+
+        def attribute(name: str) -> Any:
+            if name.startswith("__"):       # the import system's questions (__path__)
+                raise AttributeError(name)
+            return getattr(real(), name)
+        setattr(stand_in, "__getattr__", attribute)
+        self.stand_in = stand_in
+        sys.modules["ctypes.util"] = stand_in
+        setattr(ctypes, "util", stand_in)
 
     def __exit__(self, *exc: object) -> None:
-        if self.lent and sys.modules.get("ctypes.util") is not None \
-                and getattr(sys.modules["ctypes.util"], "__spec__", None) is None:
-            del sys.modules["ctypes.util"]      # the stand-in: a later import gets the real one
+        if not self.lent:
+            return
+        import ctypes
+        if sys.modules.get("ctypes.util") is self.stand_in:
+            del sys.modules["ctypes.util"]      # a later import gets the real one
+        if getattr(ctypes, "util", None) is self.stand_in:
+            delattr(ctypes, "util")
 
 
 def _nvml_init() -> tuple[Any, list[Any]] | None:

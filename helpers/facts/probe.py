@@ -81,6 +81,8 @@ class Session:
             request = (f"{'POST' if body is not None else 'GET'} {parsed.target} HTTP/1.1\r\n"
                        f"Host: {parsed.authority}\r\nUser-Agent: infer-units\r\n"
                        f"Accept: */*\r\n{extra}{connection}\r\n").encode("ascii") + payload
+            if self.sock is not None and not _idle(self.sock):
+                self.close()            # bytes no request of ours asked for, or closed
             reused = self.sock is not None
             if self.sock is None:
                 self.sock = socket.create_connection((parsed.host, parsed.port), timeout=left())
@@ -162,13 +164,17 @@ class Session:
                 if not chunk:
                     raise OSError("closed")
                 data += chunk
+            if b"\r\n\r\n" not in data:
+                raise OSError("a head without an end")
             head, _, rest = data.partition(b"\r\n\r\n")
             length: int | None = None
             persistent = version == b"HTTP/1.1"
             for line in head.split(b"\r\n")[1:]:
                 name, _, value = line.partition(b":")
                 name, value = name.strip().lower(), value.strip().lower()
-                if name == b"content-length" and value.isdigit():
+                if name == b"content-length":
+                    if not value.isdigit() or (length is not None and length != int(value)):
+                        raise OSError("an unclear length")
                     length = int(value)
                 elif name == b"transfer-encoding":
                     length = None
@@ -189,9 +195,22 @@ class Session:
             self.close()
 
 
+def _idle(sock: socket.socket) -> bool:
+    """A kept connection with nothing to read and still open: safe to ask on."""
+    try:
+        sock.settimeout(0)      # with a timeout, recv() would first wait for data
+        sock.recv(1, socket.MSG_PEEK)
+        return False            # data nobody asked for, or b"": closed
+    except BlockingIOError:
+        return True
+    except OSError:
+        return False
+
+
 def _urllib_probe(url: Url, left: float, timeout: float, started: float,
                   body: str | None = None) -> Answer:
     """https, and redirects: urllib (slower to import), on the parsed URL's text."""
+    import http.client
     import urllib.error
     import urllib.request
     request = urllib.request.Request(url.text()) if body is None else urllib.request.Request(
@@ -201,6 +220,8 @@ def _urllib_probe(url: Url, left: float, timeout: float, started: float,
             code = response.status
     except urllib.error.HTTPError as e:
         code = e.code
+    except http.client.HTTPException as e:        # a redirect's target that is not HTTP
+        return Answer(False, f"not HTTP ({type(e).__name__})", time.monotonic() - started)
     except (urllib.error.URLError, OSError) as e:
         reason = getattr(e, "reason", e)
         if isinstance(reason, socket.timeout) or "timed out" in str(reason):

@@ -14,7 +14,7 @@ from .paths import DEB_CLI, HOOK_CLI, getenv
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Any, NoReturn
+    from typing import Any
 
     from .build import Loaded
     from .cache import CachedUnit
@@ -39,25 +39,11 @@ def write_unit(out: Dir, unit: RenderedUnit | CachedUnit) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     """The generator; called as the program (no argv: the .deb's launcher,
-    the console script, `python3 -m`), it leaves through _exit()."""
+    the console script, `python3 -m`), it leaves through leave.leave()."""
     if argv is None:
-        _exit(_main(sys.argv[1:]))
+        from .leave import leave
+        leave(_main(sys.argv[1:]))
     return _main(argv)
-
-
-def _exit(code: int) -> NoReturn:
-    """Straight out once stdio is flushed: the interpreter's teardown of the
-    run's modules and objects is ~9% of a full run's instructions (valgrind)
-    and buys nothing.  Every file and log line was written with os.write(),
-    sendto() or print() to stderr before this; only stdio may hold text."""
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            if stream is not None:      # None: started with it closed (`>&-`)
-                stream.flush()
-        except (OSError, ValueError):
-            pass
-    import posix    # os's own functions, already loaded: no import of os for this
-    posix._exit(code)
 
 
 def _main(argv: list[str]) -> int:

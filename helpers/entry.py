@@ -12,12 +12,8 @@ from __future__ import annotations
 import os
 import sys
 
+from ..generator.leave import leave as _exit   # flush stdio, then posix._exit
 from .commands import FAST, HOOKS, NVML_FIRST
-
-TYPE_CHECKING = False
-if TYPE_CHECKING:
-    from typing import NoReturn
-
 
 def _asks_help(argv: list[str]) -> bool:
     return bool({"-h", "--help"} & set(argv))
@@ -52,20 +48,6 @@ def _run(scrub_hooks: bool) -> None:
         _exit(getattr(importlib.import_module(f"{__package__}.{module}"), function)(argv[1:]))
     from .cli.root import main as cli_main
     cli_main()
-
-
-def _exit(code: int) -> NoReturn:
-    # Then straight out: the interpreter's teardown of ~70 modules is
-    # ~5-10 ms at the end of each hook, on every start and stop
-    # (bench/restart_bench.py).  The commands close every file they write
-    # before they return; only stdio may still hold buffered text.
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            if stream is not None:      # None: started with it closed (`>&-`)
-                stream.flush()
-        except (OSError, ValueError):
-            pass
-    os._exit(code)
 
 
 def main(scrub_hooks: bool = True) -> None:

@@ -134,41 +134,40 @@ def test_reap_runs_without_click_and_its_help_is_clicks(fake_gpus: FakeGpus) -> 
             assert flag in shown, flag
 
 
+def _with_a_pynvml(tmp_path: Path, source: str, script: str) -> str:
+    """Run script (with _load_pynvml imported) in a fresh `-IS` interpreter
+    whose pynvml is `source`; its stdout."""
+    (tmp_path / "pynvml.py").write_text(source)
+    done = subprocess.run([PYTHON, "-IS", "-c", "import sys; sys.path[:0] = [sys.argv[1], sys.argv[2]]\n"
+                           "from infer_units.helpers.facts.gpus import _load_pynvml\n" + script,
+                           str(tmp_path), str(ROOT)], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
 def test_pynvml_loads_without_ctypes_util_and_gets_the_real_find_library(tmp_path: Path) -> None:
     """reap's start: pynvml's `from ctypes.util import find_library` (a Windows
     path) no longer imports subprocess, shutil and tempfile, and what pynvml
     holds still finds libraries; every other importer gets the real module."""
-    (tmp_path / "pynvml.py").write_text("from ctypes.util import find_library\n")
-    script = (
-        "import sys; sys.path[:0] = [sys.argv[1], sys.argv[2]]\n"
-        "from infer_units.helpers.facts.gpus import _load_pynvml\n"
+    out = _with_a_pynvml(tmp_path, "from ctypes.util import find_library\n", (
         "nvml = _load_pynvml()\n"
         "assert nvml.__file__.startswith(sys.argv[1]), nvml.__file__\n"
         "print(sorted(m for m in ('subprocess', 'shutil', 'tempfile', 'ctypes.util') if m in sys.modules))\n"
         "import ctypes.util\n"
         "assert ctypes.util.__spec__ is not None\n"
-        "print(nvml.find_library('c') == ctypes.util.find_library('c') is not None)\n")
-    done = subprocess.run([PYTHON, "-IS", "-c", script, str(tmp_path), str(ROOT)],
-                          capture_output=True, text=True, timeout=60)
-    assert done.returncode == 0, done.stderr
-    assert done.stdout.split("\n")[:2] == ["[]", "True"], done.stdout
+        "print(nvml.find_library('c') == ctypes.util.find_library('c') is not None)\n"))
+    assert out.split("\n")[:2] == ["[]", "True"], out
 
 
 def test_a_pynvml_that_asks_ctypes_util_while_it_loads_gets_the_real_one(tmp_path: Path) -> None:
     """The stand-in answers any use during the import (review): the module's
     attribute, a call at import time; nothing is left of it afterwards."""
-    (tmp_path / "pynvml.py").write_text("import ctypes.util\nfrom ctypes.util import find_library\n"
-                                        "A = ctypes.util.find_library('c')\nB = find_library('c')\n"
-                                        "C = ctypes.util.LOAD_LIBRARY_AS_DATAFILE if False else 1\n")
-    script = ("import sys; sys.path[:0] = [sys.argv[1], sys.argv[2]]\n"
-              "from infer_units.helpers.facts.gpus import _load_pynvml\n"
-              "m = _load_pynvml(); import ctypes, ctypes.util\n"
-              "print(m.A == m.B == ctypes.util.find_library('c') is not None,"
-              " ctypes.util.__spec__ is not None, sys.modules['ctypes.util'] is ctypes.util)\n")
-    done = subprocess.run([PYTHON, "-IS", "-c", script, str(tmp_path), str(ROOT)],
-                          capture_output=True, text=True, timeout=60)
-    assert done.returncode == 0, done.stderr
-    assert done.stdout.split() == ["True", "True", "True"], done.stdout
+    out = _with_a_pynvml(tmp_path, "import ctypes.util\nfrom ctypes.util import find_library\n"
+                                   "A = ctypes.util.find_library('c')\nB = find_library('c')\n", (
+        "m = _load_pynvml(); import ctypes, ctypes.util\n"
+        "print(m.A == m.B == ctypes.util.find_library('c') is not None,"
+        " ctypes.util.__spec__ is not None, sys.modules['ctypes.util'] is ctypes.util)\n"))
+    assert out.split() == ["True", "True", "True"], out
 
 
 def test_the_readme_names_every_module_in_its_room() -> None:

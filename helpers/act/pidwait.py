@@ -5,6 +5,11 @@ from __future__ import annotations
 import os
 import select
 import time
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    import signal as _signal
+else:
+    import _signal      # not signal.py's enums: hooks/unit.py says why
 TYPE_CHECKING = False     # typing costs a hook's start-up; annotations are strings here
 if TYPE_CHECKING:
     from typing import Callable, Iterable
@@ -48,7 +53,6 @@ class PidSet:
 
     def signal(self, pid: int, signum: int) -> bool:
         try:
-            import signal as _signal
             _signal.pidfd_send_signal(self.fds[pid], signum)
             return True
         except ProcessLookupError:

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import errno
 import os
-import re
 
 from ...generator.settings import normalize_pci
 from ..records import dataclass, field
@@ -221,8 +220,10 @@ def nvml_driver_version(nvml: Any) -> str | None:
 # The kernel log holds ~1-16 MiB; never read more than this, nor more records.
 KMSG_MAX_BYTES = 32 << 20
 KMSG_MAX_RECORDS = 500_000
-_XID = re.compile(rb"NVRM: Xid \(PCI:([0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2})"
-                  rb"(?:\.[0-7])?\): (\d+)")
+# Compiled at the first line that names an Xid: re (and enum behind it) is
+# not imported by every start's health check for a log that has none.
+_XID = (rb"NVRM: Xid \(PCI:([0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2})"
+        rb"(?:\.[0-7])?\): (\d+)")
 
 
 @dataclass
@@ -367,7 +368,8 @@ class Kernel:
 def _add_xid(xids: dict[str, list[int]], line: bytes) -> None:
     if b"Xid" not in line:
         return
-    match = _XID.search(line)
+    import re
+    match = re.search(_XID, line)
     if match:
         where = normalize_pci(match.group(1).decode() + ".0").rsplit(".", 1)[0]
         xids.setdefault(where, []).append(int(match.group(2)))

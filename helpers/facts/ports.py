@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import errno
 import os
-import socket
 import struct
+
+# The C module: socket.py would import enum and selectors, a fifth of
+# pre-start's imports (bench/restart_bench.py); its sockets are closed here.
+import _socket as socket
 import time
 TYPE_CHECKING = False     # typing costs a hook's start-up; annotations are strings here
 if TYPE_CHECKING:
@@ -34,7 +37,8 @@ def _diag(family: int, states: int) -> list[tuple[int, int, int]]:
     header = struct.pack("=IHHII", 16 + len(request), _SOCK_DIAG_BY_FAMILY,
                          _NLM_F_REQUEST_DUMP, 1, 0)
     found: list[tuple[int, int, int]] = []
-    with socket.socket(socket.AF_NETLINK, socket.SOCK_DGRAM, _NETLINK_SOCK_DIAG) as nl:
+    nl = socket.socket(socket.AF_NETLINK, socket.SOCK_DGRAM, _NETLINK_SOCK_DIAG)
+    try:
         nl.sendto(header + request, (0, 0))
         while True:
             data = nl.recv(65536)
@@ -55,6 +59,8 @@ def _diag(family: int, states: int) -> list[tuple[int, int, int]]:
                 offset += (length + 3) & ~3
             if not data:
                 return found
+    finally:
+        nl.close()
 
 
 def _proc_tables(port: int) -> dict[str, str]:
@@ -101,13 +107,15 @@ def _bound_out_of_sight(host: str, port: int) -> bool:
     if _BOUND_DUMP:
         return False
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    with socket.socket(family, socket.SOCK_STREAM) as s:
-        try:
-            s.bind((host, port))
+    s = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        s.bind((host, port))
+        return False
+    except OSError as e:
+        if e.errno != errno.EADDRINUSE:
             return False
-        except OSError as e:
-            if e.errno != errno.EADDRINUSE:
-                return False
+    finally:
+        s.close()
     try:
         every = (1 << 12) - 2        # TCP_ESTABLISHED .. TCP_CLOSING
         return not any(sport == port for fam in (socket.AF_INET, socket.AF_INET6)
@@ -153,14 +161,16 @@ def port_users(port: int) -> list[tuple[ProcInfo, str]] | None:
 
 def can_bind(host: str, port: int) -> bool:
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    with socket.socket(family, socket.SOCK_STREAM) as s:
+    s = socket.socket(family, socket.SOCK_STREAM)
+    try:
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind((host, port))
-            return True
-        except OSError as e:
-            # Only "in use" is ours to wait out; a bad address is the server's to report.
-            return e.errno != errno.EADDRINUSE
+        s.bind((host, port))
+        return True
+    except OSError as e:
+        # Only "in use" is ours to wait out; a bad address is the server's to report.
+        return e.errno != errno.EADDRINUSE
+    finally:
+        s.close()
 
 
 def wait_port_reporting(host: str, port: int, timeout: float,

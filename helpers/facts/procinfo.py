@@ -5,21 +5,22 @@ from __future__ import annotations
 
 import os
 import pwd
-import re
 from ..records import dataclass
 
 # Command lines go into one journal line each: control characters escaped, as
 # the generator escapes paths and values in its messages.
 from ...generator.errors import one_line
 
+# Each pattern with a word it cannot match without: re (with enum behind it)
+# is imported only for a cgroup that has one of them, not by every hook.
 _CONTAINER_PATTERNS = (
-    (re.compile(r"docker-([0-9a-f]{12,})\.scope"), "docker"),
-    (re.compile(r"/docker/([0-9a-f]{12,})"), "docker"),
-    (re.compile(r"libpod-([0-9a-f]{12,})\.scope"), "podman"),
-    (re.compile(r"cri-containerd-([0-9a-f]{12,})\.scope"), "containerd"),
-    (re.compile(r"crio-([0-9a-f]{12,})\.scope"), "cri-o"),
-    (re.compile(r"lxc\.payload\.([^/]+)"), "lxc"),
-    (re.compile(r"machine-([^/]+)\.scope"), "machine"),
+    ("docker-", r"docker-([0-9a-f]{12,})\.scope", "docker"),
+    ("/docker/", r"/docker/([0-9a-f]{12,})", "docker"),
+    ("libpod-", r"libpod-([0-9a-f]{12,})\.scope", "podman"),
+    ("cri-containerd-", r"cri-containerd-([0-9a-f]{12,})\.scope", "containerd"),
+    ("crio-", r"crio-([0-9a-f]{12,})\.scope", "cri-o"),
+    ("lxc.payload.", r"lxc\.payload\.([^/]+)", "lxc"),
+    ("machine-", r"machine-([^/]+)\.scope", "machine"),
 )
 
 
@@ -79,8 +80,11 @@ def unit_of_cgroup(cgroup: str) -> str | None:
 
 
 def container_of_cgroup(cgroup: str) -> str | None:
-    for pattern, kind in _CONTAINER_PATTERNS:
-        m = pattern.search(cgroup)
+    for word, pattern, kind in _CONTAINER_PATTERNS:
+        if word not in cgroup:
+            continue
+        import re       # cached: compiled once a process
+        m = re.search(pattern, cgroup)
         if m:
             return f"{kind}:{m.group(1)[:12]}"
     return None

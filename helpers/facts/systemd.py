@@ -355,7 +355,7 @@ def _put_string(data: bytearray, text: str) -> None:
 
 def _call(path: str, interface: str, member: str, args: tuple[str, ...]) -> bytes:
     """One method call with string arguments on the private bus; the reply's body."""
-    import socket
+    import _socket      # the C module: socket.py would import enum, selectors (generator/log.py)
     body = bytearray()
     for arg in args:
         _put_string(body, arg)
@@ -372,25 +372,30 @@ def _call(path: str, interface: str, member: str, args: tuple[str, ...]) -> byte
                        + len(fields).to_bytes(4, "little") + fields)
     _pad(header, 8)
     try:
-        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
-            sock.settimeout(5.0)
-            sock.connect(PRIVATE_BUS)
-            uid = str(os.geteuid()).encode().hex().encode()
-            # BEGIN with AUTH, as systemctl does: systemd drops what comes
-            # in one read with BEGIN (a call sent with it was never answered).
-            sock.sendall(b"\0AUTH EXTERNAL " + uid + b"\r\nBEGIN\r\n")
-            line = b""
-            while not line.endswith(b"\r\n"):
-                chunk = sock.recv(256)
-                if not chunk:
-                    raise SystemdUnavailable("the private bus closed during AUTH")
-                line += chunk
-            if not line.startswith(b"OK "):
-                raise SystemdUnavailable(f"the private bus refused AUTH: {line.strip()!r}")
-            sock.sendall(header + body)
-            return _reply(sock)
+        sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
     except OSError as e:
         raise SystemdUnavailable(f"{PRIVATE_BUS}: {e}") from None
+    try:
+        sock.settimeout(5.0)
+        sock.connect(PRIVATE_BUS)
+        uid = str(os.geteuid()).encode().hex().encode()
+        # BEGIN with AUTH, as systemctl does: systemd drops what comes
+        # in one read with BEGIN (a call sent with it was never answered).
+        sock.sendall(b"\0AUTH EXTERNAL " + uid + b"\r\nBEGIN\r\n")
+        line = b""
+        while not line.endswith(b"\r\n"):
+            chunk = sock.recv(256)
+            if not chunk:
+                raise SystemdUnavailable("the private bus closed during AUTH")
+            line += chunk
+        if not line.startswith(b"OK "):
+            raise SystemdUnavailable(f"the private bus refused AUTH: {line.strip()!r}")
+        sock.sendall(header + body)
+        return _reply(sock)
+    except OSError as e:
+        raise SystemdUnavailable(f"{PRIVATE_BUS}: {e}") from None
+    finally:
+        sock.close()
 
 
 def _reply(sock: Any) -> bytes:

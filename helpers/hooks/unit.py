@@ -13,16 +13,20 @@ as the model files do.
 from __future__ import annotations
 
 import os
-import signal
 import sys
 import time
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    import signal as _signal
     from typing import Callable
 
     from ..decide.claims import GpuClaims
     from ..facts.gpus import Backend, Gpu
+else:
+    # The C module: signal.py wraps it in enums, and enum (with functools,
+    # collections, operator) was a fifth of a hook's imports (bench/restart_bench.py).
+    import _signal
 
 from ...generator import settings
 from ...generator.log import say
@@ -72,7 +76,7 @@ def _refuse_without_restart(unit: str | None) -> None:
     # and was seen on H200 to lose the race (the hook ended by 15/TERM): ignore
     # the signal instead, so we always leave with "blocked" (exit 2) ourselves,
     # at once after the cancel.
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    _signal.signal(_signal.SIGTERM, _signal.SIG_IGN)
     _say(f"start of {unit} refused; no automatic restart (systemctl start it again "
          "once the GPUs are free)", ERR)
     why_not = cancel_own_start(unit)

@@ -14,11 +14,11 @@ is asked through facts/systemd.py (Liveness).
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 import time
 
+from .. import jsontext
 from ...generator.atomicfile import read_text, write_file
 from ...generator.durations import format_seconds
 from ...generator.liveness import cap_marker, state_dir
@@ -51,14 +51,14 @@ def state_path(unit: str, directory: str | None = None) -> str:
 
 def load_state(path: str) -> dict[str, Any]:
     try:
-        state = json.loads(read_text(path) or "{}")
+        state = jsontext.loads(read_text(path) or "{}")
         return state if isinstance(state, dict) else {}
     except (OSError, ValueError):
         return {}
 
 
 def save_state(path: str, state: dict[str, Any]) -> None:
-    write_file(path, json.dumps(state, indent=1, sort_keys=True), dir_mode=0o755)
+    write_file(path, jsontext.dumps(state, indent=1, sort_keys=True), dir_mode=0o755)
 
 
 # ------------------------------------------------------------------ the decision
@@ -241,7 +241,7 @@ def generation_probe(m: Any) -> tuple[str, str] | None:
     spec = ENGINE_SPECS[m.engine]
     name = (flag_value(m.args, spec.model_name_flag) if spec.model_name_flag else None) \
         or m.model or ""
-    return url, json.dumps({"model": name, "prompt": "1", "max_tokens": 1, "temperature": 0})
+    return url, jsontext.dumps({"model": name, "prompt": "1", "max_tokens": 1, "temperature": 0})
 
 
 def config_of_model(name: str) -> tuple[Config, dict[str, str]]:

@@ -4,11 +4,11 @@ set of GPUs, and turn NCCL's P2P off for the unit when it fails."""
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import pwd
 import subprocess
 import sys
+from .. import jsontext
 from ..records import dataclass
 
 from ...generator.atomicfile import read_text, write_file
@@ -116,7 +116,7 @@ def _run_selftest(python: str, gpus: list[Gpu], timeout: float, user: str | None
     if done.returncode != 0 or not lines:
         tail = (done.stderr.strip().splitlines() or ["no output"])[-1]
         return {"ok": False, "error": f"self-test exited {done.returncode}: {tail}", "ran": False}
-    return json.loads(lines[-1])
+    return jsontext.loads(lines[-1])
 
 
 # The unit's ExecStart expands this (unbraced $VAR: zero words when empty).
@@ -134,7 +134,7 @@ def check_p2p(gpus: list[Gpu], env_file: str | None, python: str,
     path = cache_path(gpus, _tester(python, user))
     boot = _boot_id()
     try:
-        cached = json.loads(read_text(path) or "{}")
+        cached = jsontext.loads(read_text(path) or "{}")
         if cached.get("boot_id") == boot:
             verdict = P2PVerdict(bool(cached["ok"]), True, str(cached["reason"]), cached["report"])
             _apply(verdict, env_file, off_args, off_env or {})
@@ -160,7 +160,7 @@ def check_p2p(gpus: list[Gpu], env_file: str | None, python: str,
             + str(p.get("error") or f"{p.get('mismatched_words')} words differ")
             for p in bad) or str(report.get("error"))
         verdict = P2PVerdict(False, False, f"peer copy failed: {detail}", report)
-    write_file(path, json.dumps({"boot_id": boot, "ok": verdict.ok, "reason": verdict.reason,
+    write_file(path, jsontext.dumps({"boot_id": boot, "ok": verdict.ok, "reason": verdict.reason,
                                  "report": verdict.report, "gpus": [g.uuid for g in gpus]}),
                dir_mode=0o755)
     _apply(verdict, env_file, off_args, off_env or {})

@@ -27,9 +27,9 @@ from __future__ import annotations
 
 import errno
 import fcntl
-import json
 import os
 import time
+from .. import jsontext
 from ..records import dataclass
 
 from ...generator.atomicfile import UnsafePath, ensure_dir
@@ -59,13 +59,15 @@ class Claim:
     cgroup: str           # where it ran: the unit's cgroup when run as ExecStartPre
 
     def as_text(self) -> str:
-        return json.dumps({"unit": self.unit, "pid": self.pid, "start_time": self.start_time,
+        return jsontext.dumps({"unit": self.unit, "pid": self.pid, "start_time": self.start_time,
                            "cgroup": self.cgroup}) + "\n"
 
     @staticmethod
     def parse(text: str) -> "Claim | None":
+        if not text.strip():
+            return None          # cleared (the usual case): no error to build
         try:
-            d = json.loads(text)
+            d = jsontext.loads(text)
             return Claim(str(d["unit"]), int(d["pid"]), int(d["start_time"]), str(d["cgroup"]))
         except (ValueError, KeyError, TypeError):
             return None          # empty (cleared) or damaged: no claim

@@ -13,10 +13,10 @@ the generator's light atomicfile and paths.
 
 from __future__ import annotations
 
-import json
 import os
 import time
 
+from .. import jsontext
 from ...generator.atomicfile import ensure_dir, read_text
 from ...generator.paths import run_dir
 
@@ -42,7 +42,7 @@ def read() -> dict | None:
     if text is None:
         return None
     try:
-        record = json.loads(text)
+        record = jsontext.loads(text)
         if not isinstance(record, dict) or not isinstance(record.get("stopped", []), list):
             raise ValueError("not a fence record")
         record.setdefault("stopped", [])
@@ -88,7 +88,7 @@ def write(stopped: list[str]) -> dict:
                                     time.strftime("%Y-%m-%d %H:%M:%S %Z", time.localtime(now))),
               "stopped": units, "by_pid": os.getpid()}
     with ensure_dir(run_dir()) as d:
-        d.write(NAME, json.dumps(record, indent=2) + "\n", durable=True)
+        d.write(NAME, jsontext.dumps(record, indent=2) + "\n", durable=True)
     return record
 
 

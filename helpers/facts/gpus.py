@@ -220,9 +220,9 @@ class FakeBackend(Backend):
             stamp = (st.st_mtime_ns, st.st_ino)
             if stamp == self._stamp:
                 return
-            import json     # the fake table only: not on NVML's path (reap)
+            from ..jsontext import loads     # the fake table only: not on NVML's path (reap)
             with open(path, encoding="utf-8") as f:
-                table = json.load(f)
+                table = loads(f.read())
             from .health import parse_fake_health
             gpus, extra, health = [], {}, {}
             driver = table.get("driver")

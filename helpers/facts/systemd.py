@@ -2,11 +2,13 @@
 pystemd's bytes into str so nothing else sees them, and turns "no systemd
 here" into SystemdUnavailable.
 
-Two questions every start asks (act/startlimit.py) go over the manager's
-private socket instead, written by hand (systemctl when that fails):
-importing pystemd costs 240-380 ms, two systemctl calls ~30 ms, the socket
-under 1 ms (bookworm container), on the path of every start.  They are here
-so that this module stays the only one that talks to systemd."""
+Two questions every start asks (act/startlimit.py) and the one every stop
+asks (is this stop half of a restart? hooks/unit.py wait_free) go over the
+manager's private socket instead, written by hand (systemctl when that
+fails, or "no" for the stop's): importing pystemd costs 240-380 ms, two
+systemctl calls ~30 ms, the socket under 1 ms (bookworm container), on the
+path of every start and stop.  They are here so that this module stays the
+only one that talks to systemd."""
 
 from __future__ import annotations
 
@@ -441,6 +443,37 @@ def _nrestarts_bus(name: str) -> int:
     if body[:3] != b"\1u\0" or len(body) < 8:
         raise SystemdUnavailable(f"NRestarts of {name}: unexpected reply {body[:8]!r}")
     return int.from_bytes(body[4:8], "little")
+
+
+def _string_at(body: bytes, offset: int, what: str) -> str:
+    """The D-Bus string (or object path) whose length is at `offset`."""
+    n = int.from_bytes(body[offset:offset + 4], "little")
+    if len(body) < offset + 4 + n:
+        raise SystemdUnavailable(f"{what}: a short reply")
+    return body[offset + 4:offset + 4 + n].decode(errors="replace")
+
+
+def pending_job_type(name: str) -> str:
+    """The type of the job systemd is running on the unit ("restart",
+    "stop", "start", ...), "" when none; private bus only (root), else
+    SystemdUnavailable.  A restart's job is "restart" while it stops the unit
+    (ExecStopPost= included) and becomes "start" after; try-restart and
+    reload-or-restart are "restart" once queued."""
+    if not _private_bus():
+        raise SystemdUnavailable("no private bus")
+    body = _call(_unit_path(name), "org.freedesktop.DBus.Properties", "Get",
+                 ("org.freedesktop.systemd1.Unit", "Job"))
+    # A variant "(uo)": the struct at 8, the job's id, then its object path.
+    if body[:6] != b"\4(uo)\0" or len(body) < 16:
+        raise SystemdUnavailable(f"Job of {name}: unexpected reply {body[:8]!r}")
+    if int.from_bytes(body[8:12], "little") == 0:
+        return ""
+    path = _string_at(body, 12, f"Job of {name}")
+    body = _call(path, "org.freedesktop.DBus.Properties", "Get",
+                 ("org.freedesktop.systemd1.Job", "JobType"))
+    if body[:3] != b"\1s\0":
+        raise SystemdUnavailable(f"JobType of {name}: unexpected reply {body[:8]!r}")
+    return _string_at(body, 4, f"JobType of {name}")
 
 
 # ------------------------------------------------------- systemctl, the fallback

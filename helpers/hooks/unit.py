@@ -303,9 +303,18 @@ def wait_free(argv: list[str]) -> int:
                         "names this invocation; removed whatever it names")
     a = p.parse_args(argv)
     capped = _liveness_capped(a.liveness_cap) if a.liveness_cap else False
+    unit = unit_name(a.unit) if a.unit else None
+    if unit and not capped and _restarting(unit):
+        # The unit's own pre-start comes next: it reaps what is left of this
+        # run and waits until the GPUs are free, under the claim this run
+        # keeps, so waiting here too would only put a second wait (and a
+        # second interpreter's imports) on every restart's path.  systemd
+        # SIGKILLs what is left of the cgroup as soon as this hook ends.
+        _say(f"{unit} is restarting: its start reaps and waits for GPU {a.gpus}"
+             + (f" ({unit} stopped: {a.result})" if a.result else ""))
+        return exitcodes.CLEAN
     from ..act.metrics import record_free
     from ..act.reaper import Reaper, ReapPolicy
-    unit = unit_name(a.unit) if a.unit else None
     b, gpus = _gpus_or_exit(a.gpus)
     policy = ReapPolicy("report", 0.0, a.timeout, tuple(a.ignore), services="report")
     result = Reaper(b, gpus, unit, policy).run()
@@ -329,6 +338,24 @@ def wait_free(argv: list[str]) -> int:
              "left failed", ERR)
         return exitcodes.CONFIG_ERROR
     return result.exit_code
+
+
+def _restarting(unit: str) -> bool:
+    """Whether this stop is the first half of a restart (`systemctl restart`,
+    liveness' try-restart): asked of systemd only as the unit's own hook
+    (decide/identity.py), over the private bus; any doubt is "no", and the
+    stop waits as every other stop does.  An automatic restart (Restart=)
+    has no job yet while the stop runs: it waits too."""
+    if not os.environ.get("INVOCATION_ID"):
+        return False
+    from ..decide.identity import own_cgroup_if
+    if own_cgroup_if(unit) is None:
+        return False
+    from ..facts.systemd import SystemdUnavailable, pending_job_type
+    try:
+        return pending_job_type(unit) == "restart"
+    except SystemdUnavailable:
+        return False
 
 
 def _liveness_capped(marker: str) -> bool:

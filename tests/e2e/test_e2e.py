@@ -97,13 +97,42 @@ def test_start_returns_only_when_health_answers(box) -> None:
     assert "answered HTTP 200" in box.journal("alpha.service")
 
 
+RESTARTING = "alpha.service is restarting: its start reaps and waits for GPU 0,1"
+
+
+def _count(box, line: str) -> int:
+    return box.journal("alpha.service").count(line)
+
+
 def test_restart_leaves_none_of_the_old_processes(box) -> None:
     old = {h["pid"] for h in holders(box, "0,1")}
     assert len(old) == 3
+    restarting, reaped = _count(box, RESTARTING), _count(box, "reap GPU 0,1: ")
     box.sh("systemctl restart alpha")
     new = {h["pid"] for h in holders(box, "0,1")}
     assert len(new) == 3 and not old & new
     assert not any(alive(box, pid) for pid in old)
+    # One wait per restart: the stop's hook saw the restart job and left the
+    # reaping and the wait to the start's, which did both.
+    assert wait_until(lambda: _count(box, RESTARTING) == restarting + 1
+                      and _count(box, "reap GPU 0,1: ") == reaped + 1, 10), \
+        box.journal("alpha.service")[-2000:]
+
+
+def test_an_automatic_restart_waits_in_the_stop(box) -> None:
+    """A crash has no restart job while its stop runs (systemd schedules the
+    restart after it): wait-free waits for the GPUs as on every stop."""
+    old = show(box, "alpha.service", "MainPID")["MainPID"]
+    restarting, freed = _count(box, RESTARTING), _count(box, "GPU 0,1 free after")
+    box.sh(f"kill -KILL {old}")
+
+    def restarted() -> bool:
+        props = show(box, "alpha.service", "ActiveState", "MainPID")
+        return props["ActiveState"] == "active" and props["MainPID"] not in (old, "0")
+    assert wait_until(restarted, 60), show(box, "alpha.service", "ActiveState", "NRestarts")
+    assert wait_until(lambda: _count(box, "GPU 0,1 free after") == freed + 1, 10), \
+        box.journal("alpha.service")[-2000:]
+    assert _count(box, RESTARTING) == restarting
 
 
 def test_another_service_on_the_gpus_blocks_the_start(box) -> None:

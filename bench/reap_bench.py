@@ -172,6 +172,22 @@ def _timed_run(argv: list[str]) -> float:
     return time.monotonic() - t
 
 
+def _timed_reap(argv: list[str]) -> tuple[float, float]:
+    """The CLI's wall, and when its first SIGKILL line reached us (the reaper
+    logs each signal, flushed, just before sending it): where the wall goes,
+    before the kill (start-up, NVML, deciding) and after it (the teardown,
+    noticing it, leaving)."""
+    t = time.monotonic()
+    killed_at = float("nan")
+    p = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    assert p.stderr is not None
+    for line in p.stderr:
+        if killed_at != killed_at and "sending SIGKILL" in line:
+            killed_at = time.monotonic() - t
+    assert p.wait() == 0
+    return time.monotonic() - t, killed_at
+
+
 # A fresh process's NVML start: the module, nvmlInit, the GPU's handle and
 # the two queries reap makes of it.  Not in the goal's floor (the issue's
 # goal counts only the interpreter); printed beside it so what is left of
@@ -194,7 +210,8 @@ def end_to_end(b, trials: int, holders: int, gib: float) -> dict[str, list[float
                 "sys.argv[0] = 'infer-units'; from infer_units.helpers.entry import main; main()")
     cli = [sys.executable, *flags, "-c", launcher, "reap", "--gpus", "0", "--term-grace", "0s",
            "--timeout", "60s"]
-    out: dict[str, list[float]] = {"wall": [], "teardown": [], "floor": [], "floor_flags": []}
+    out: dict[str, list[float]] = {"wall": [], "to_kill": [], "after_kill": [], "teardown": [],
+                                   "floor": [], "floor_flags": []}
     if nvml:
         out["nvml"] = []
     for _ in range(trials):
@@ -215,7 +232,10 @@ def end_to_end(b, trials: int, holders: int, gib: float) -> dict[str, list[float
         for p in procs:
             p.wait()
         procs = start_holders(b, holders, gib, ignore_term=True)
-        out["wall"].append(_timed_run(cli))
+        wall, to_kill = _timed_reap(cli)
+        out["wall"].append(wall)
+        out["to_kill"].append(to_kill)
+        out["after_kill"].append(wall - to_kill)
         for p in procs:
             assert p.wait(10) is not None
     return out
@@ -294,6 +314,8 @@ def main() -> int:
         print(f"\n2. end to end: `infer-units reap --gpus 0 --term-grace 0s` as a process started as "
               f"the .deb's launcher starts it, {args.trials} trials, {args.holders} TERM-ignoring holder(s)")
         for k, what in (("wall", "reap's wall (process start to exit)"),
+                        ("to_kill", "  start to its first SIGKILL"),
+                        ("after_kill", "  first SIGKILL to exit"),
                         ("teardown", "teardown (SIGKILL to the last gone"
                          + (" and its memory back)" if isinstance(b, NvmlBackend) else ")")),
                         ("floor", "bare interpreter (python3 -I -c pass)"),

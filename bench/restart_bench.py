@@ -41,16 +41,49 @@ KillMode=mixed
 TimeoutStopSec=30s
 """
 
+# Each restart, and where it went by systemd's own clock (its monotonic
+# timestamps of the unit's state changes, read after the restart): stop
+# (deactivating), start up to the server's exec (ExecStartPre), and from the
+# exec until active (the load, then wait-ready's notice, or READY=1).
 TIMER = r"""
 import json, subprocess, sys, time
 units, runs = sys.argv[1].split(","), int(sys.argv[2])
+from datetime import datetime
+props = ["ActiveExitTimestampMonotonic", "InactiveEnterTimestampMonotonic",
+         "InactiveExitTimestampMonotonic", "ExecMainStartTimestampMonotonic",
+         "ActiveEnterTimestampMonotonic"]
+hooks = ["ExecStopPost", "ExecStartPre", "ExecStartPost"]
 times = {u: [] for u in units}
+phases = {u: {"stop": [], "pre": [], "up": []} for u in units}
+spans = {u: {h: [] for h in hooks} for u in units}
+
+def span(value):
+    # "{ path=... ; start_time=[Wed 2026-12-02 18:59:01.123456 UTC] ; stop_time=[...] ...}"
+    def at(key):
+        text = value.split(key + "=[", 1)[1].split("]", 1)[0].rsplit(" ", 1)[0]
+        return datetime.strptime(text, "%a %Y-%m-%d %H:%M:%S.%f").timestamp()
+    return at("stop_time") - at("start_time")
+
 for _ in range(runs):
     for u in units:
         t = time.perf_counter()
         subprocess.run(["systemctl", "restart", u], check=True)
         times[u].append(time.perf_counter() - t)
-print(json.dumps(times))
+        out = subprocess.run(["systemctl", "show", u] + ["-p" + p for p in props],
+                             capture_output=True, text=True, check=True).stdout
+        v = dict(line.split("=", 1) for line in out.splitlines())
+        us = [int(v[p]) for p in props]
+        phases[u]["stop"].append((us[1] - us[0]) / 1e6)
+        phases[u]["pre"].append((us[3] - us[2]) / 1e6)
+        phases[u]["up"].append((us[4] - us[3]) / 1e6)
+        out = subprocess.run(["systemctl", "show", "--timestamp=us+utc", u]
+                             + ["-p" + h for h in hooks],
+                             capture_output=True, text=True, check=True).stdout
+        for line in out.splitlines():
+            name, _, value = line.partition("=")
+            if "stop_time=[" in value and "start_time=[" in value and "=[n/a]" not in value:
+                spans[u][name].append(span(value))
+print(json.dumps({"times": times, "phases": phases, "spans": spans}))
 """
 
 
@@ -78,7 +111,8 @@ def main() -> int:
         box.write("/root/timer.py", TIMER)
         box.sh("systemctl daemon-reload && systemctl start hooked baseline")
         out = box.sh(f"python3 /root/timer.py hooked,baseline {args.runs}", timeout=1200).stdout
-        times = json.loads(out)
+        measured = json.loads(out)
+        times, phases = measured["times"], measured["phases"]
         hooked = statistics.median(times["hooked"]) * 1000
         base = statistics.median(times["baseline"]) * 1000
         print(f"systemctl restart, {args.runs} runs each, alternating, one container:")
@@ -88,6 +122,20 @@ def main() -> int:
               f"(min {min(times['hooked']) * 1000:.1f}, max {max(times['hooked']) * 1000:.1f})")
         print(f"  added by the hooks: {hooked - base:.1f} ms (goal < 60 ms: "
               f"{'met' if hooked - base < 60 else 'NOT met'}); ratio {hooked / base:.2f}")
+        print("  where it goes (medians, systemd's timestamps):   baseline  infer-units  added")
+        for key, what in (("stop", "stop (deactivating; ExecStopPost)"),
+                          ("pre", "start to the server's exec (ExecStartPre)"),
+                          ("up", "exec to active (load, then the ready notice)")):
+            b = statistics.median(phases["baseline"][key]) * 1000
+            h = statistics.median(phases["hooked"][key]) * 1000
+            print(f"    {what:44s} {b:8.1f} {h:10.1f} {h - b:8.1f} ms")
+        print("  the hooks' own runs (medians, systemd's exec records):")
+        for hook, what in (("ExecStopPost", "wait-free"), ("ExecStartPre", "pre-start"),
+                           ("ExecStartPost", "wait-ready (beside the load)")):
+            runs = measured["spans"]["hooked"][hook]
+            if runs:
+                print(f"    {hook:14s} {what:28s} {statistics.median(runs) * 1000:8.1f} ms "
+                      f"(min {min(runs) * 1000:.1f}, max {max(runs) * 1000:.1f})")
         # One more restart, traced: where the time goes.
         box.sh("journalctl --rotate --vacuum-time=1s -q; systemctl restart hooked", check=False)
         log = box.sh("journalctl -u hooked -o short-monotonic --no-pager | tail -20",

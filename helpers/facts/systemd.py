@@ -476,6 +476,28 @@ def pending_job_type(name: str) -> str:
     return _string_at(body, 4, f"JobType of {name}")
 
 
+def sigkills_leftovers(name: str) -> bool:
+    """Whether systemd SIGKILLs what is left of the unit's cgroup once its
+    stop hooks have run: KillMode= mixed (the template's) or control-group,
+    with SendSIGKILL=yes; a [service] KillMode=process or none, or
+    SendSIGKILL=no, leaves a stopped server's workers running.  Private bus
+    only (root), else SystemdUnavailable."""
+    if not _private_bus():
+        raise SystemdUnavailable("no private bus")
+    path = _unit_path(name)
+    body = _call(path, "org.freedesktop.DBus.Properties", "Get",
+                 ("org.freedesktop.systemd1.Service", "KillMode"))
+    if body[:3] != b"\1s\0":
+        raise SystemdUnavailable(f"KillMode of {name}: unexpected reply {body[:8]!r}")
+    mode = _string_at(body, 4, f"KillMode of {name}")
+    body = _call(path, "org.freedesktop.DBus.Properties", "Get",
+                 ("org.freedesktop.systemd1.Service", "SendSIGKILL"))
+    # A variant "b": padded to 4, a 32-bit 0 or 1.
+    if body[:3] != b"\1b\0" or len(body) < 8:
+        raise SystemdUnavailable(f"SendSIGKILL of {name}: unexpected reply {body[:8]!r}")
+    return mode in ("mixed", "control-group") and int.from_bytes(body[4:8], "little") == 1
+
+
 # ------------------------------------------------------- systemctl, the fallback
 
 SYSTEMCTL = ("/usr/bin/systemctl", "/bin/systemctl")

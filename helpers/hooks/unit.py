@@ -345,15 +345,21 @@ def _restarting(unit: str) -> bool:
     liveness' try-restart): asked of systemd only as the unit's own hook
     (decide/identity.py), over the private bus; any doubt is "no", and the
     stop waits as every other stop does.  An automatic restart (Restart=)
-    has no job yet while the stop runs: it waits too."""
+    has no job yet while the stop runs: it waits too.  A restart replaced by
+    a stop after this hook ran (or whose start fails before its pre-start)
+    is not waited for: systemd has SIGKILLed the cgroup, and the kept claim
+    is stale once the unit is inactive (decide/claims.py claim_live)."""
     if not os.environ.get("INVOCATION_ID"):
         return False
     from ..decide.identity import own_cgroup_if
     if own_cgroup_if(unit) is None:
         return False
-    from ..facts.systemd import SystemdUnavailable, pending_job_type
+    from ..facts.systemd import SystemdUnavailable, pending_job_type, sigkills_leftovers
     try:
-        return pending_job_type(unit) == "restart"
+        # Only where systemd itself kills the old run's leftovers before the
+        # start: with KillMode=process they would hold the GPUs, unreported,
+        # should the start never come (the restart replaced by a stop).
+        return pending_job_type(unit) == "restart" and sigkills_leftovers(unit)
     except SystemdUnavailable:
         return False
 

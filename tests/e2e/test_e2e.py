@@ -108,6 +108,7 @@ def test_restart_leaves_none_of_the_old_processes(box) -> None:
     old = {h["pid"] for h in holders(box, "0,1")}
     assert len(old) == 3
     restarting, reaped = _count(box, RESTARTING), _count(box, "reap GPU 0,1: ")
+    freed = _count(box, "GPU 0,1 free after")
     box.sh("systemctl restart alpha")
     new = {h["pid"] for h in holders(box, "0,1")}
     assert len(new) == 3 and not old & new
@@ -117,6 +118,7 @@ def test_restart_leaves_none_of_the_old_processes(box) -> None:
     assert wait_until(lambda: _count(box, RESTARTING) == restarting + 1
                       and _count(box, "reap GPU 0,1: ") == reaped + 1, 10), \
         box.journal("alpha.service")[-2000:]
+    assert _count(box, "GPU 0,1 free after") == freed
 
 
 def test_an_automatic_restart_waits_in_the_stop(box) -> None:
@@ -170,11 +172,15 @@ def test_another_service_on_the_gpus_blocks_the_start(box) -> None:
 
 
 def test_stop_leaves_the_gpus_free(box) -> None:
+    restarting, freed = _count(box, RESTARTING), _count(box, "GPU 0,1 free after")
     started = time.monotonic()
     box.sh("systemctl stop alpha")
     assert time.monotonic() - started < 10, "a TERM-ignoring worker held up the stop"
     assert holders(box, "0,1") == []
-    assert "GPU 0,1 free after" in box.journal("alpha.service")
+    # A plain stop has a "stop" job: its hook waits for the GPUs and says so.
+    assert wait_until(lambda: _count(box, "GPU 0,1 free after") == freed + 1, 10), \
+        box.journal("alpha.service")[-2000:]
+    assert _count(box, RESTARTING) == restarting
 
 
 def test_server_crashing_while_loading_fails_the_start_fast(box) -> None:

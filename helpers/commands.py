@@ -48,4 +48,4 @@ COMMANDS: dict[str, tuple[str, str]] = {
 # Commands that ask NVML about --gpus first thing: entry.py begins NVML's
 # init and the GPUs' attach in a thread (facts/gpus.warm_nvml) while their
 # modules load.
-NVML_FIRST: frozenset[str] = frozenset({"reap", "holders", "pre-start", "wait-free"})
+NVML_FIRST: frozenset[str] = frozenset({"reap", "holders", "pre-start"})

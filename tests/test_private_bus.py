@@ -76,6 +76,10 @@ def bus(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[[A
     monkeypatch.setattr(systemd, "PRIVATE_BUS", str(path))
     answers: Answers = {}
     asked: list[tuple[str, str]] = []
+    # How many calls a connection answers before the server closes it (as a
+    # daemon-reexec does); 0: as many as come.
+    per_connection = [0]
+    connections = [0]
 
     def serve() -> None:
         while True:
@@ -83,31 +87,48 @@ def bus(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[[A
                 conn, _ = listener.accept()
             except OSError:
                 return
+            connections[0] += 1
             with conn:
                 data = b""
                 while b"BEGIN\r\n" not in data:
                     data += conn.recv(4096)
                 conn.sendall(b"OK 0123456789abcdef\r\n")
                 data = data.split(b"BEGIN\r\n", 1)[1]
-                while len(data) < 16 or len(data) < _total(data):
-                    data += conn.recv(4096)
-                key = _request(data)
-                asked.append(key)
-                # A signal first, sent unasked as systemd does to its clients.
-                conn.sendall(_message(4, b""))
-                if key in answers:
-                    conn.sendall(_message(2, answers[key]))
-                else:
-                    conn.sendall(_message(3, _string("Unknown object")))
+                answered, rest_of_signal = 0, b""
+                while not per_connection[0] or answered < per_connection[0]:
+                    while len(data) < 16 or len(data) < _total(data):
+                        chunk = conn.recv(4096)
+                        if not chunk:
+                            break
+                        data += chunk
+                    if len(data) < 16 or len(data) < _total(data):
+                        break
+                    key = _request(data[:_total(data)])
+                    data = data[_total(data):]
+                    asked.append(key)
+                    # Signals, sent unasked as systemd does to its clients:
+                    # one before the reply, one cut after it, its rest sent
+                    # before the next reply.
+                    signal = _message(4, b"\0" * 24)
+                    reply = _message(2 if key in answers else 3,
+                                     answers.get(key, _string("Unknown object")))
+                    conn.sendall(rest_of_signal + signal + reply + signal[:10])
+                    rest_of_signal = signal[10:]
+                    answered += 1
 
     threading.Thread(target=serve, daemon=True).start()
 
-    def set_answers(table: Answers) -> list:
+    def set_answers(table: Answers, calls_per_connection: int = 0) -> list:
+        systemd._drop_connection()
         answers.clear()
         answers.update(table)
         asked.clear()
+        per_connection[0] = calls_per_connection
+        connections[0] = 0
         return asked
+    set_answers.connections = connections      # type: ignore[attr-defined]
     yield set_answers
+    systemd._drop_connection()
     listener.close()
 
 
@@ -171,3 +192,27 @@ def test_without_the_private_bus_the_question_is_not_asked(monkeypatch, tmp_path
     for ask in (systemd.pending_job_type, systemd.sigkills_leftovers):
         with pytest.raises(systemd.SystemdUnavailable):
             ask("alpha.service")
+
+
+def test_the_questions_of_a_hook_share_one_connection(bus) -> None:
+    asked = bus({(UNIT, "Job"): variant_job(42, JOB), (JOB, "JobType"): variant_s("restart"),
+                 (UNIT, "KillMode"): variant_s("mixed"), (UNIT, "SendSIGKILL"): variant_b(1)})
+    assert systemd.pending_job_type("alpha.service") == "restart"
+    assert systemd.sigkills_leftovers("alpha.service") is True
+    assert len(asked) == 4 and bus.connections[0] == 1
+
+
+def test_an_error_reply_leaves_the_connection_usable(bus) -> None:
+    asked = bus({(UNIT, "KillMode"): variant_s("process"), (UNIT, "SendSIGKILL"): variant_b(1)})
+    with pytest.raises(systemd.SystemdUnavailable, match="Unknown object"):
+        systemd.pending_job_type("alpha.service")
+    assert systemd.sigkills_leftovers("alpha.service") is False
+    assert len(asked) == 3 and bus.connections[0] == 1
+
+
+def test_a_kept_connection_closed_since_is_opened_again_once(bus) -> None:
+    # The server closes each connection after one answer (a daemon-reexec).
+    asked = bus({(UNIT, "KillMode"): variant_s("mixed"), (UNIT, "SendSIGKILL"): variant_b(1)},
+                calls_per_connection=1)
+    assert systemd.sigkills_leftovers("alpha.service") is True
+    assert len(asked) == 2 and bus.connections[0] == 2

@@ -21,7 +21,10 @@ systemd (no INVOCATION_ID), it does nothing.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+
+TYPE_CHECKING = False     # collections.abc is a hook's import otherwise
+if TYPE_CHECKING:
+    from collections.abc import Callable
 
 
 def forgive_asked_start(unit: str, say: Callable[[str, int], None],

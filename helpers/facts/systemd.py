@@ -355,24 +355,26 @@ def _put_string(data: bytearray, text: str) -> None:
     data.extend(len(raw).to_bytes(4, "little") + raw + b"\0")
 
 
-def _call(path: str, interface: str, member: str, args: tuple[str, ...]) -> bytes:
-    """One method call with string arguments on the private bus; the reply's body."""
+class _Connection:
+    """An AUTHed connection to the private bus, kept for the rest of the
+    process: a hook asks two to four questions, and each connect and AUTH is
+    another round trip to a manager busy with the very stop or start that
+    asks.  The calls go one at a time, so the next reply read is the one to
+    the call just sent; what came after it (a signal) stays in `unread`."""
+
+    def __init__(self, sock: Any) -> None:
+        self.sock = sock
+        self.unread = b""
+        self.serial = 0
+
+
+_kept: list[_Connection] = []
+
+
+def _connection() -> _Connection:
+    if _kept:
+        return _kept[0]
     import _socket      # the C module: socket.py would import enum, selectors (generator/log.py)
-    body = bytearray()
-    for arg in args:
-        _put_string(body, arg)
-    fields = bytearray()
-    for code, sig, value in ((1, "o", path), (2, "s", interface), (3, "s", member),
-                             (6, "s", "org.freedesktop.systemd1")):
-        _pad(fields, 8)
-        fields.extend(bytes((code, 1)) + sig.encode() + b"\0")
-        _put_string(fields, value)
-    if args:
-        _pad(fields, 8)
-        fields.extend(bytes((8, 1)) + b"g\0" + bytes((len(args),)) + b"s" * len(args) + b"\0")
-    header = bytearray(b"l\1\0\1" + len(body).to_bytes(4, "little") + (1).to_bytes(4, "little")
-                       + len(fields).to_bytes(4, "little") + fields)
-    _pad(header, 8)
     try:
         sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
     except OSError as e:
@@ -392,28 +394,72 @@ def _call(path: str, interface: str, member: str, args: tuple[str, ...]) -> byte
             line += chunk
         if not line.startswith(b"OK "):
             raise SystemdUnavailable(f"the private bus refused AUTH: {line.strip()!r}")
-        sock.sendall(header + body)
-        return _reply(sock)
     except OSError as e:
-        raise SystemdUnavailable(f"{PRIVATE_BUS}: {e}") from None
-    finally:
         sock.close()
+        raise SystemdUnavailable(f"{PRIVATE_BUS}: {e}") from None
+    except SystemdUnavailable:
+        sock.close()
+        raise
+    _kept.append(_Connection(sock))
+    return _kept[0]
 
 
-def _reply(sock: Any) -> bytes:
-    """The body of the reply to serial 1 (the only call on this connection)."""
-    data = b""
+def _drop_connection() -> None:
+    while _kept:
+        _kept.pop().sock.close()
 
+
+def _call(path: str, interface: str, member: str, args: tuple[str, ...]) -> bytes:
+    """One method call with string arguments on the private bus; the reply's body."""
+    body = bytearray()
+    for arg in args:
+        _put_string(body, arg)
+    fields = bytearray()
+    for code, sig, value in ((1, "o", path), (2, "s", interface), (3, "s", member),
+                             (6, "s", "org.freedesktop.systemd1")):
+        _pad(fields, 8)
+        fields.extend(bytes((code, 1)) + sig.encode() + b"\0")
+        _put_string(fields, value)
+    if args:
+        _pad(fields, 8)
+        fields.extend(bytes((8, 1)) + b"g\0" + bytes((len(args),)) + b"s" * len(args) + b"\0")
+    while True:
+        kept = bool(_kept)
+        conn = _connection()
+        conn.serial += 1
+        header = bytearray(b"l\1\0\1" + len(body).to_bytes(4, "little")
+                           + conn.serial.to_bytes(4, "little")
+                           + len(fields).to_bytes(4, "little") + fields)
+        _pad(header, 8)
+        try:
+            conn.sock.sendall(header + body)
+            kind, reply = _reply(conn)
+            break
+        except (OSError, SystemdUnavailable) as e:
+            _drop_connection()          # where the next message starts is not known
+            if kept:
+                continue                # closed since (a daemon-reexec): once more, anew
+            if isinstance(e, OSError):
+                raise SystemdUnavailable(f"{PRIVATE_BUS}: {e}") from None
+            raise
+    if kind == 3:                   # ERROR: its first argument is the message
+        n = int.from_bytes(reply[:4], "little") if len(reply) >= 4 else 0
+        raise SystemdUnavailable(reply[4:4 + n].decode(errors="replace") or "error reply")
+    return reply
+
+
+def _reply(conn: _Connection) -> tuple[int, bytes]:
+    """The kind (2 METHOD_RETURN, 3 ERROR) and body of the next reply."""
     def need(n: int) -> None:
-        nonlocal data
-        while len(data) < n:
-            chunk = sock.recv(65536)
+        while len(conn.unread) < n:
+            chunk = conn.sock.recv(65536)
             if not chunk:
                 raise SystemdUnavailable("the private bus closed before the reply")
-            data += chunk
+            conn.unread += chunk
 
     while True:
         need(16)
+        data = conn.unread
         if data[:1] != b"l":
             raise SystemdUnavailable("a big-endian reply on the private bus")
         kind = data[1]
@@ -421,12 +467,10 @@ def _reply(sock: Any) -> bytes:
         fields_len = int.from_bytes(data[12:16], "little")
         start = 16 + fields_len + (-(16 + fields_len) % 8)
         need(start + body_len)
-        body, data = data[start:start + body_len], data[start + body_len:]
-        if kind == 2:            # METHOD_RETURN (signals, sent unasked here, are skipped)
-            return body
-        if kind == 3:            # ERROR: its first argument is the message
-            n = int.from_bytes(body[:4], "little") if len(body) >= 4 else 0
-            raise SystemdUnavailable(body[4:4 + n].decode(errors="replace") or "error reply")
+        body = conn.unread[start:start + body_len]
+        conn.unread = conn.unread[start + body_len:]
+        if kind in (2, 3):       # signals (4), sent unasked here, are skipped
+            return kind, body
 
 
 def _unit_path(name: str) -> str:

@@ -313,6 +313,9 @@ def wait_free(argv: list[str]) -> int:
         _say(f"{unit} is restarting: its start reaps and waits for GPU {a.gpus}"
              + (f" ({unit} stopped: {a.result})" if a.result else ""))
         return exitcodes.CLEAN
+    # Here, not with pre-start's in entry.py: a restart's stop asks no GPU.
+    from ..facts.gpus import warm_nvml
+    warm_nvml()
     from ..act.metrics import record_free
     from ..act.reaper import Reaper, ReapPolicy
     b, gpus = _gpus_or_exit(a.gpus)

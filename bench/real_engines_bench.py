@@ -85,7 +85,7 @@ def one_run(box: RealBox, engine: str) -> dict[str, object]:
     reset(box, unit)
     poll = start_poller(c, unit, port)
     r["start_s"] = timed(box, f"systemctl start {unit}")
-    r["ready_lag_s"] = monotonic(c, unit, "ActiveEnterTimestampMonotonic") - first_2xx(c, poll)
+    r["ready_lag_s"] = monotonic(c, unit, "ActiveEnterTimestampMonotonic") - first_2xx(c, poll)[0]
     pid = main_pid(c, unit)
     r["restart_s"] = timed(box, f"systemctl restart {unit}")
     r["restart_new_pid"] = main_pid(c, unit) not in (0, pid) and state(c, unit) == "active"

@@ -62,21 +62,33 @@ exec /usr/sbin/chroot /host /usr/bin/env HOME=/tmp {python} "$@"
 """
 
 POLL = """#!/usr/bin/python3
-# iu-first-2xx URL FILE: poll URL every 20 ms; at the first 2xx write
-# CLOCK_MONOTONIC (the clock systemd's *TimestampMonotonic use) to FILE, exit.
-import sys, time, urllib.request
+# iu-first-2xx URL FILE: poll URL every 20 ms; at the first 2xx write two
+# CLOCK_MONOTONIC times (the clock of systemd's *TimestampMonotonic) to FILE
+# and exit: when that 2xx came back, and when the last request was sent that
+# the server answered "not ready" (connection refused, or a status that is
+# not 2xx).  The server's first 2xx lies between the two; a poller cannot
+# see it closer (the unit's own probe may well get it first).
+import errno, sys, time, urllib.error, urllib.request
 url, out = sys.argv[1], sys.argv[2]
+not_ready = 0.0
 while True:
+    sent = time.monotonic()
     try:
         with urllib.request.urlopen(url, timeout=2) as r:
             if 200 <= r.status < 300:
                 t = time.monotonic()
                 with open(out + ".tmp", "w") as f:
-                    f.write("%.6f\\n" % t)
+                    f.write("%.6f %.6f\\n" % (t, not_ready))
                 import os; os.replace(out + ".tmp", out)
                 sys.exit(0)
+            not_ready = sent
+    except urllib.error.HTTPError:
+        not_ready = sent
+    except urllib.error.URLError as e:
+        if getattr(e.reason, "errno", None) == errno.ECONNREFUSED:
+            not_ready = sent
     except Exception:
-        pass
+        pass        # a timeout or a reset says nothing of when the server was ready
     time.sleep(0.02)
 """
 
@@ -262,10 +274,13 @@ def start_poller(c: Container, name: str, port: int, path: str = "/health") -> s
     return out
 
 
-def first_2xx(c: Container, out: str, timeout: float = 30) -> float:
+def first_2xx(c: Container, out: str, timeout: float = 30) -> tuple[float, float]:
+    """(when the poller's first 2xx came back, when it last sent a request
+    that the server answered "not ready"): the server's first 2xx lies between."""
     assert wait_for(lambda: c.sh(f"test -s {out}", check=False).returncode == 0, timeout), \
         f"no 2xx recorded in {out}"
-    return float(c.sh(f"cat {out}").stdout)
+    first, not_ready = c.sh(f"cat {out}").stdout.split()
+    return float(first), float(not_ready)
 
 
 def generate(c: Container, port: int, model: str, prompt: str = "Hello") -> dict:

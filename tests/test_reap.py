@@ -8,6 +8,7 @@ import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -347,6 +348,52 @@ def test_wait_free_waits_for_its_own_orphans_only(fake_gpus: FakeGpus, holders,
     assert "not touching it" in line and "foreign user of GPU 3" in line
     assert "1 other user(s) left, not waited on" in done.stderr
     assert not any(f"SIGTERM to pid {foreign.pid}" in l for l in done.stderr.splitlines())
+
+
+def test_a_worker_reaps_its_last_runs_leftovers_before_it_parks(fake_gpus: FakeGpus, holders,
+                                                                  unit_cgroups) -> None:
+    """CI, 2026-12-03: a multi-node worker restarted (its head stopped) parked
+    in pre-start with its last run's two TP workers still holding its GPUs:
+    the restart's wait-free leaves the reaping to the start, and systemd's
+    SIGKILL of the cgroup failed ("Failed to kill control group ...
+    Input/output error").  The parked start now reaps them first; a foreign
+    user of the same GPU is reported, untouched, and the worker still parks."""
+    parent = holders([fake_gpus.devices[2]], mode="orphans")
+    cgroup = unit_cgroups(f"w-{TAG}.service")
+    workers = [int(p) for p in _children_holding(parent.pid)]
+    for pid in [parent.pid, *workers]:
+        _move(cgroup, pid)
+    parent.proc.kill()
+    parent.proc.wait()
+    foreign = holders([fake_gpus.devices[2]])
+    with socket.socket() as s:        # a rendezvous port nobody listens on: it parks
+        s.bind(("127.0.0.1", 0))
+        head = s.getsockname()[1]
+    env = fake_gpus.env(DBUS_SYSTEM_BUS_ADDRESS="unix:path=/nonexistent")
+    worker = subprocess.Popen(
+        [sys.executable, "-m", "infer_units", "pre-start", "--unit", f"w-{TAG}", "--gpus", "2",
+         "--timeout", "20s", "--wait-rendezvous", f"127.0.0.1:{head}",
+         "--head-url", f"http://127.0.0.1:{head}/health"],
+        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    said: list[str] = []
+    try:
+        assert worker.stderr is not None
+        for line in worker.stderr:
+            said.append(line)
+            if "parked until the head" in line:
+                break
+        assert said and "parked until the head" in said[-1], "".join(said)
+        assert all(not _running(pid) for pid in workers), "".join(said)
+        assert foreign.alive(), "a parking worker must not kill foreign processes"
+        text = "".join(said)
+        for pid in workers:
+            assert f"SIGKILL to pid {pid}" in text, text
+        assert "reaped 2 process(es) of" in text and "before parking" in text, text
+        assert f"pid {foreign.pid} foreign user of GPU 2" in text and "not touching it" in text
+        assert worker.poll() is None, "the worker must still wait for its head"
+    finally:
+        worker.kill()
+        worker.wait()
 
 
 def _children_holding(pid: int) -> list[str]:

@@ -118,6 +118,18 @@ def describe_left(pids: list[int]) -> list[dict[str, object]]:
     return out
 
 
+def reap_own_leftovers(backend: Backend, gpus: list[Gpu], unit: str | None, timeout: float,
+                       ignore: tuple[str, ...] = ()) -> ReapResult:
+    """SIGKILL what is left of this unit's own run on its GPUs (no grace: the
+    server's stop is over) and wait until it is gone; everyone else is
+    reported, never touched or waited on.  wait-free at every stop, and a
+    multi-node worker before it parks: systemd's own SIGKILL of the cgroup
+    can fail (seen: "Failed to kill control group ... Input/output error",
+    systemd 252 on a hybrid cgroup hierarchy, the workers left running)."""
+    policy = ReapPolicy("report", 0.0, timeout, ignore, services="report")
+    return Reaper(backend, gpus, unit, policy).run()
+
+
 class Reaper:
     def __init__(self, backend: Backend, gpus: list[Gpu], own_unit: str | None,
                  policy: ReapPolicy) -> None:

@@ -154,7 +154,18 @@ def pre_start(argv: list[str]) -> int:
         # claim below refuses this start, by name).
         from ..act.rendezvous import wait_rendezvous
         if a.gpus is not None:
+            from ..act.reaper import reap_own_leftovers
             from ..decide.claims import GpuClaims
+            # What is left of this unit's last run goes first: systemd's kill
+            # of the cgroup can fail, and a restart's stop leaves the
+            # reaping to this start (wait-free), which may park for hours.
+            left = reap_own_leftovers(b, gpus, unit, a.timeout, tuple(a.ignore))
+            if left.actions:
+                _say(f"reaped {len({x.pid for x in left.actions})} process(es) of {unit}'s last run "
+                     f"before parking, after {left.seconds * 1000:.0f} ms")
+            if left.exit_code != exitcodes.CLEAN:
+                _say(f"cannot park: {left.message}", ERR)
+                return left.exit_code
             # A claim of this unit's that outlived its run (a crash before
             # wait-free) would read as live while the unit is activating.
             GpuClaims(gpus, unit).release()
@@ -317,10 +328,9 @@ def wait_free(argv: list[str]) -> int:
     from ..facts.gpus import warm_nvml
     warm_nvml()
     from ..act.metrics import record_free
-    from ..act.reaper import Reaper, ReapPolicy
+    from ..act.reaper import reap_own_leftovers
     b, gpus = _gpus_or_exit(a.gpus)
-    policy = ReapPolicy("report", 0.0, a.timeout, tuple(a.ignore), services="report")
-    result = Reaper(b, gpus, unit, policy).run()
+    result = reap_own_leftovers(b, gpus, unit, a.timeout, tuple(a.ignore))
     record_free(unit, result)
     where = f" ({unit} stopped: {a.result})" if a.result else ""
     gpu_list = ",".join(str(g.index) for g in gpus)

@@ -105,6 +105,15 @@ def engines_on(g: Group, name: str) -> int:
     return int(out or 0)
 
 
+def engine_report(g: Group, name: str) -> str:
+    """The engine processes of a host with their state and cgroup, and the
+    journals: what a failed count needs to be understood."""
+    return g[name].sh(
+        "for p in /proc/[0-9]*; do c=$(tr '\\0' ' ' < $p/cmdline 2>/dev/null); "
+        "case \"$c\" in *fake-python*) echo \"${p#/proc/} $(cut -d' ' -f3,4 $p/stat) "
+        "$(tr '\\n' ' ' < $p/cgroup) $c\";; esac; done", check=False).stdout + journals(g)
+
+
 def test_workers_started_first_park_then_the_group_forms(group: Group) -> None:
     for name in WORKERS:
         group[name].sh("systemctl start --no-block big")
@@ -171,6 +180,6 @@ def test_stopping_the_head_parks_the_workers(group: Group) -> None:
         # parked: no engine, no restart loop
         assert state(group, name)["SubState"] == "start-pre"
         assert state(group, name)["NRestarts"] == restarts[name]
-        assert engines_on(group, name) == 0
+        assert engines_on(group, name) == 0, engine_report(group, name)
     group[HEAD].sh("systemctl start --no-block big")
     wait_for(lambda: group_up(group), 60)

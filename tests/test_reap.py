@@ -394,6 +394,11 @@ def test_a_worker_reaps_its_last_runs_leftovers_before_it_parks(fake_gpus: FakeG
     finally:
         worker.kill()
         worker.wait()
+        for pid in workers:           # left alive when the test fails
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
 
 
 def _children_holding(pid: int) -> list[str]:

@@ -323,18 +323,25 @@ def test_unkillable_holder_gives_exit_3_with_pid_state_and_wchan(fake_gpus: Fake
 
 # ------------------------------------------------------------- wait-free, drain
 
-def test_wait_free_waits_for_its_own_orphans_only(fake_gpus: FakeGpus, holders,
-                                                  unit_cgroups) -> None:
-    """ExecStopPost: the unit's orphaned TP workers (still in its cgroup) are
-    reaped and waited for; a foreign user of the same GPU is reported, neither
-    signalled nor waited on, and the stop ends clean (exit 0)."""
-    parent = holders([fake_gpus.devices[3]], mode="orphans")
-    cgroup = unit_cgroups(f"m-{TAG}.service")
+def _orphaned_workers(device: str, unit: str, holders, unit_cgroups) -> list[int]:
+    """A server and its TP workers holding `device` in `unit`'s cgroup, the
+    server then SIGKILLed: its orphaned workers' pids, still in the cgroup."""
+    parent = holders([device], mode="orphans")
+    cgroup = unit_cgroups(unit)
     workers = [int(p) for p in _children_holding(parent.pid)]
     for pid in [parent.pid, *workers]:
         _move(cgroup, pid)
     parent.proc.kill()
     parent.proc.wait()
+    return workers
+
+
+def test_wait_free_waits_for_its_own_orphans_only(fake_gpus: FakeGpus, holders,
+                                                  unit_cgroups) -> None:
+    """ExecStopPost: the unit's orphaned TP workers (still in its cgroup) are
+    reaped and waited for; a foreign user of the same GPU is reported, neither
+    signalled nor waited on, and the stop ends clean (exit 0)."""
+    workers = _orphaned_workers(fake_gpus.devices[3], f"m-{TAG}.service", holders, unit_cgroups)
     foreign = holders([fake_gpus.devices[3]])
     started = time.monotonic()
     done = run_cli("wait-free", "--gpus", "3", "--unit", f"m-{TAG}", "--timeout", "20s",
@@ -358,13 +365,7 @@ def test_a_worker_reaps_its_last_runs_leftovers_before_it_parks(fake_gpus: FakeG
     SIGKILL of the cgroup failed ("Failed to kill control group ...
     Input/output error").  The parked start now reaps them first; a foreign
     user of the same GPU is reported, untouched, and the worker still parks."""
-    parent = holders([fake_gpus.devices[2]], mode="orphans")
-    cgroup = unit_cgroups(f"w-{TAG}.service")
-    workers = [int(p) for p in _children_holding(parent.pid)]
-    for pid in [parent.pid, *workers]:
-        _move(cgroup, pid)
-    parent.proc.kill()
-    parent.proc.wait()
+    workers = _orphaned_workers(fake_gpus.devices[2], f"w-{TAG}.service", holders, unit_cgroups)
     foreign = holders([fake_gpus.devices[2]])
     with socket.socket() as s:        # a rendezvous port nobody listens on: it parks
         s.bind(("127.0.0.1", 0))

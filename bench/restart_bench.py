@@ -3,7 +3,7 @@
 
     sudo /usr/bin/python3 bench/restart_bench.py [--runs 15] [--trace]
 
-In a bookworm container (tests/e2e/container.py) with the .deb installed, two
+In a bookworm container (tests/e2e/container.py) with the .deb installed, three
 units run the same fake server (loads 0.5 s, two workers, one ignoring
 SIGTERM) on their own fake GPUs:
   infer-units  the generated unit: reap + wait-port before, wait-ready after,

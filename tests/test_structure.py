@@ -8,6 +8,7 @@ from __future__ import annotations
 import ast
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -168,6 +169,81 @@ def test_a_pynvml_that_asks_ctypes_util_while_it_loads_gets_the_real_one(tmp_pat
         "print(m.A == m.B == ctypes.util.find_library('c') is not None,"
         " ctypes.util.__spec__ is not None, sys.modules['ctypes.util'] is ctypes.util)\n"))
     assert out.split() == ["True", "True", "True"], out
+
+
+PYNVML_LIKE = """import string, threading
+from functools import wraps
+LOCK = threading.Lock()
+NAMES = [string.capwords(n, "_") for n in ("NVML_ERROR_GPU_IS_LOST", "already_initialized")]
+def deco(func):
+    @wraps(func)
+    def wrapper(*args):
+        return func(*args)
+    return wrapper
+@deco
+def nvmlInit(flags=0):
+    "Starts NVML."
+    return flags
+"""
+
+
+def test_pynvml_loads_without_string_threading_functools_and_behaves_the_same(
+        tmp_path: Path) -> None:
+    """reap's start: pynvml's capwords, Lock and wraps come from stand-ins, so
+    re, enum, collections and threading stay unloaded; what pynvml made with
+    them is what the real modules make, and other importers get those."""
+    out = _with_a_pynvml(tmp_path, PYNVML_LIKE, (
+        "m = _load_pynvml()\n"
+        "heavy = ('re', 'enum', 'collections', 'functools', 'threading', 'string')\n"
+        "print(sorted(h for h in heavy if h in sys.modules))\n"
+        "import string, threading, functools\n"
+        "assert all(x.__spec__ is not None for x in (string, threading, functools))\n"
+        "assert m.NAMES == [string.capwords(n, '_') for n in ('NVML_ERROR_GPU_IS_LOST', "
+        "'already_initialized')] == ['Nvml_Error_Gpu_Is_Lost', 'Already_Initialized']\n"
+        "assert type(m.LOCK) is type(threading.Lock())\n"
+        "f = m.nvmlInit\n"
+        "assert (f.__name__, f.__qualname__, f.__doc__, f.__module__, f.__wrapped__.__name__) == "
+        "('nvmlInit', 'nvmlInit', 'Starts NVML.', 'pynvml', 'nvmlInit'), vars(f)\n"
+        "assert f(3) == 3\n"
+        "print(m.string.ascii_lowercase[:3], m.threading.current_thread() is threading.main_thread())\n"))
+    assert out.split("\n")[:2] == ["[]", "abc True"], out
+
+
+def test_the_stand_ins_do_what_the_real_functions_do() -> None:
+    """capwords and wraps, for any text and separator, and for functions with
+    and without docs, annotations and attributes of their own."""
+    import functools
+    import string
+
+    from hypothesis import given, settings, strategies as st
+
+    from infer_units.helpers.facts.gpus import _capwords, _wraps
+
+    @settings(max_examples=300, deadline=None, database=None)
+    @given(st.text(), st.one_of(st.none(), st.text(min_size=1, max_size=3)))
+    def same_capwords(text: str, sep: str | None) -> None:
+        assert _capwords(text, sep) == string.capwords(text, sep)
+    same_capwords()
+
+    def plain(a: Any, b: Any = 1) -> Any:
+        return a + b
+
+    def annotated(a: int) -> int:
+        """Doc."""
+        return a
+    setattr(annotated, "extra", {"k": 1})
+    wrapped: Any
+    for wrapped in (plain, annotated, len):
+        def ours(*args: Any) -> Any:
+            return wrapped(*args)
+
+        def theirs(*args: Any) -> Any:
+            return wrapped(*args)
+        _wraps(wrapped)(ours)
+        functools.wraps(wrapped)(theirs)
+        for name in ("__module__", "__name__", "__qualname__", "__doc__", "__annotations__",
+                     "__wrapped__", "__dict__"):
+            assert getattr(ours, name, None) == getattr(theirs, name, None), (wrapped, name)
 
 
 def test_the_readme_names_every_module_in_its_room() -> None:

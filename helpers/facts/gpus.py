@@ -302,7 +302,7 @@ def _optional(value: object) -> int | None:
 # ------------------------------------------------------------------ NVML backend
 
 def _load_pynvml() -> Any:
-    with _find_library_on_demand():
+    with _StandIns(_pynvml_stand_ins()):
         try:
             import pynvml  # Debian-less hosts: pip's nvidia-ml-py
             return pynvml
@@ -315,53 +315,112 @@ def _load_pynvml() -> Any:
             return None
 
 
-class _find_library_on_demand:
-    """pynvml does `from ctypes.util import find_library` and uses it only on
-    Windows; on Linux it opens libnvidia-ml.so.1 by name.  ctypes.util brings
-    subprocess, shutil and tempfile: 6 ms of reap's start here, twice that on
-    the H200 host.  For pynvml's import only, `ctypes.util` is a stand-in:
-    anything asked of it (find_library, any other name) puts the real module
-    in its place first and answers from it; afterwards the name is the real
-    module's again for every other importer."""
+# pynvml's import, 8,000 lines of ctypes declarations, also imports modules
+# for one name each, none of which reap's path needs otherwise: ctypes.util
+# (find_library, used only on Windows; it brings subprocess, shutil and
+# tempfile), string (capwords, called at import time; it brings re and enum),
+# threading (Lock, one made at import time) and functools (wraps, applied at
+# import time; it brings collections).  pynvml's load on reap's path on the
+# 2-core VM (2026-12-04): 10.5-13.0 ms with the real modules, 4.8-5.0 ms with
+# the stand-ins below; on the H200 host it was 15-26 ms of the 32-51 ms before
+# reap's first SIGKILL.  Each stand-in gives that one name, with the real
+# module's behaviour; anything else asked of it loads the real module.
+
+def _capwords(text: str, sep: str | None = None) -> str:
+    """string.capwords, as CPython's string.py defines it."""
+    return (sep or " ").join(word.capitalize() for word in text.split(sep))
+
+
+# functools.WRAPPER_ASSIGNMENTS (3.12 added __type_params__; a name the
+# wrapped function lacks is skipped, as update_wrapper skips it).
+_WRAPPER_ASSIGNMENTS = ("__module__", "__name__", "__qualname__", "__doc__",
+                        "__annotations__", "__type_params__")
+
+
+def _wraps(wrapped: Any) -> Any:
+    """functools.wraps(wrapped) with its default assignments and updates."""
+    def update(wrapper: Any) -> Any:
+        for name in _WRAPPER_ASSIGNMENTS:
+            try:
+                value = getattr(wrapped, name)
+            except AttributeError:
+                continue
+            setattr(wrapper, name, value)
+        wrapper.__dict__.update(getattr(wrapped, "__dict__", {}))
+        wrapper.__wrapped__ = wrapped
+        return wrapper
+    return update
+
+
+def _find_library(name: str) -> str | None:
+    """ctypes.util.find_library: pynvml keeps this function, so it asks the
+    real module, loaded on this first use."""
+    found: str | None = _StandIns.real("ctypes.util").find_library(name)
+    return found
+
+
+def _pynvml_stand_ins() -> dict[str, dict[str, Any]]:
+    import _thread      # threading.Lock is this function
+    return {"ctypes.util": {"find_library": _find_library},
+            "string": {"capwords": _capwords},
+            "threading": {"Lock": _thread.allocate_lock},
+            "functools": {"wraps": _wraps}}
+
+
+class _StandIns:
+    """For the duration of one import (pynvml's), each module of `table` not
+    imported yet is a stand-in that holds the given names; asked for any other
+    name, it puts the real module in its place and answers from it.
+    Afterwards every other importer gets the real modules."""
+
+    def __init__(self, table: dict[str, dict[str, Any]]) -> None:
+        self.table = table
+        self.lent: dict[str, Any] = {}
 
     def __enter__(self) -> None:
-        import ctypes
-        self.lent = "ctypes.util" not in sys.modules
-        if not self.lent:
-            return
         import types
-        stand_in = types.ModuleType("ctypes.util")
+        for name, names in self.table.items():
+            if name in sys.modules:
+                continue
+            parent, _, child = name.rpartition(".")
+            if parent:
+                __import__(parent)
+            stand_in = types.ModuleType(name)
+            stand_in.__dict__.update(names)
 
-        def real() -> Any:
-            if sys.modules.get("ctypes.util") is stand_in:
-                del sys.modules["ctypes.util"]
-            if getattr(ctypes, "util", None) is stand_in:
-                delattr(ctypes, "util")
-            import importlib
-            return importlib.import_module("ctypes.util")
-
-        def find_library(name: str) -> str | None:
-            found: str | None = real().find_library(name)
-            return found
-        stand_in.find_library = find_library  # type: ignore[attr-defined]
-
-        def attribute(name: str) -> Any:
-            if name.startswith("__"):       # the import system's questions (__path__)
-                raise AttributeError(name)
-            return getattr(real(), name)
-        setattr(stand_in, "__getattr__", attribute)
-        self.stand_in = stand_in
-        sys.modules["ctypes.util"] = stand_in
-        setattr(ctypes, "util", stand_in)
+            def attribute(attr: str, name: str = name) -> Any:
+                if attr.startswith("__"):       # the import system's questions (__path__)
+                    raise AttributeError(attr)
+                return getattr(_StandIns.real(name), attr)
+            setattr(stand_in, "__getattr__", attribute)
+            sys.modules[name] = stand_in
+            if parent:
+                setattr(sys.modules[parent], child, stand_in)
+            self.lent[name] = stand_in
 
     def __exit__(self, *exc: object) -> None:
-        if not self.lent:
-            return
-        import ctypes
-        if sys.modules.get("ctypes.util") is self.stand_in:
-            del sys.modules["ctypes.util"]      # a later import gets the real one
-        if getattr(ctypes, "util", None) is self.stand_in:
-            delattr(ctypes, "util")
+        for name, stand_in in self.lent.items():
+            _StandIns._withdraw(name, stand_in)
+
+    @staticmethod
+    def _withdraw(name: str, stand_in: Any = None) -> None:
+        """Take the stand-in (`stand_in`, or any) out of sys.modules and out of
+        its parent package, so that the next import loads the real module."""
+        module = sys.modules.get(name)
+        if module is not None and (module is stand_in or
+                                   (stand_in is None and module.__spec__ is None)):
+            del sys.modules[name]
+        parent, _, child = name.rpartition(".")
+        held = getattr(sys.modules.get(parent), child, None) if parent else None
+        if held is not None and (held is stand_in or (stand_in is None and held.__spec__ is None)):
+            delattr(sys.modules[parent], child)
+
+    @staticmethod
+    def real(name: str) -> Any:
+        """The real module `name`, imported now if a stand-in is in its place."""
+        _StandIns._withdraw(name)
+        import importlib
+        return importlib.import_module(name)
 
 
 def _nvml_init() -> tuple[Any, list[Any]] | None:

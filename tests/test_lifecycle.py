@@ -10,6 +10,8 @@ import socket
 import subprocess
 import time
 
+import pytest
+
 from .support import PYTHON, base_env, wait_until
 
 # A loading server that ignores SIGTERM (vLLM 0.32 did, 20-25 s into its load).
@@ -132,6 +134,22 @@ def test_a_port_bound_but_not_listening_is_held_and_named() -> None:
         s.listen()
         assert [how for _i, how in port_users(port) or []] == ["listening"]
     assert wait_port_free("127.0.0.1", port, 1.0)
+
+
+def test_ipv6_holders_are_seen_by_the_same_dump() -> None:
+    """One sock_diag dump answers for both families (facts/ports.py): an IPv6
+    socket only bound, then listening, holds its port as an IPv4 one does."""
+    from infer_units.helpers.facts.ports import port_users
+    if not socket.has_ipv6 or not os.path.exists("/proc/net/if_inet6"):
+        pytest.skip("no IPv6 on this host")
+    with socket.socket(socket.AF_INET6, socket.SOCK_STREAM) as s:
+        s.bind(("::1", 0))
+        port = s.getsockname()[1]
+        assert [(i.pid, how) for i, how in port_users(port) or []] == \
+            [(os.getpid(), "bound, not listening yet")]
+        s.listen()
+        assert [how for _i, how in port_users(port) or []] == ["listening"]
+    assert port_users(port) == []
 
 
 def test_time_wait_leftovers_are_not_holders() -> None:

@@ -22,19 +22,27 @@ _TCP_TIME_WAIT, _TCP_CLOSE, _TCP_LISTEN = 6, 7, 10
 # connection tables, so /proc/net/tcp never shows it; sock_diag dumps it (as
 # state CLOSE) when asked for this pseudo state, since Linux 6.11.
 _TCP_BOUND_INACTIVE = 13
-_NETLINK_SOCK_DIAG, _SOCK_DIAG_BY_FAMILY = 4, 20
+_NETLINK_SOCK_DIAG = 4
+# The request of inet_diag's first interface (linux/inet_diag.h: TCPDIAG_GETSOCK,
+# struct inet_diag_req).  It asks for no family, so one dump walks each table
+# once for IPv4 and IPv6 together; SOCK_DIAG_BY_FAMILY takes one family a
+# dump, and on Linux >= 6.11 every dump of bound-but-not-listening sockets
+# walks the kernel's whole bind hash: two dumps 2.7-4.7 ms, this one 1.4 ms
+# (2-core VM, 2026-12-04), on every start's path (pre-start).
+_TCPDIAG_GETSOCK = 18
 _NLM_F_REQUEST_DUMP = 0x301
 _NLMSG_ERROR, _NLMSG_DONE = 2, 3
 _BOUND_DUMP = tuple(int(x) for x in os.uname().release.split(".")[:2]
                     if x.isdigit()) >= (6, 11)
 
 
-def _diag(family: int, states: int) -> list[tuple[int, int, int]]:
-    """(state, local port, inode) of the TCP sockets of `family` in `states`
-    (a bit mask), from the kernel's sock_diag: one request, no text to parse,
-    and only the asked-for tables are walked (not every connection)."""
-    request = struct.pack("=BBBBI", family, socket.IPPROTO_TCP, 0, 0, states) + bytes(48)
-    header = struct.pack("=IHHII", 16 + len(request), _SOCK_DIAG_BY_FAMILY,
+def _diag(states: int) -> list[tuple[int, int, int]]:
+    """(state, local port, inode) of the TCP sockets, IPv4 and IPv6, in
+    `states` (a bit mask), from the kernel's sock_diag: one request, no text
+    to parse, and only the asked-for tables are walked (not every connection)."""
+    # family, src_len, dst_len, ext, id (48 bytes), states, dbs
+    request = bytes(4) + bytes(48) + struct.pack("=II", states, 0)
+    header = struct.pack("=IHHII", 16 + len(request), _TCPDIAG_GETSOCK,
                          _NLM_F_REQUEST_DUMP, 1, 0)
     found: list[tuple[int, int, int]] = []
     nl = socket.socket(socket.AF_NETLINK, socket.SOCK_DGRAM, _NETLINK_SOCK_DIAG)
@@ -89,11 +97,10 @@ def _holding_inodes(port: int) -> dict[str, str]:
     states = 1 << _TCP_LISTEN | (1 << _TCP_BOUND_INACTIVE if _BOUND_DUMP else 0)
     inodes: dict[str, str] = {}
     try:
-        for family in (socket.AF_INET, socket.AF_INET6):
-            for state, sport, inode in _diag(family, states):
-                if sport == port and inode:
-                    inodes[str(inode)] = "listening" if state == _TCP_LISTEN else \
-                        "bound, not listening yet"
+        for state, sport, inode in _diag(states):
+            if sport == port and inode:
+                inodes[str(inode)] = "listening" if state == _TCP_LISTEN else \
+                    "bound, not listening yet"
     except OSError:
         return _proc_tables(port)
     return inodes
@@ -118,8 +125,7 @@ def _bound_out_of_sight(host: str, port: int) -> bool:
         s.close()
     try:
         every = (1 << 12) - 2        # TCP_ESTABLISHED .. TCP_CLOSING
-        return not any(sport == port for fam in (socket.AF_INET, socket.AF_INET6)
-                       for _state, sport, _inode in _diag(fam, every))
+        return not any(sport == port for _state, sport, _inode in _diag(every))
     except OSError:
         return False
 
@@ -179,7 +185,7 @@ def wait_port_reporting(host: str, port: int, timeout: float,
     still does if it is not free in time."""
     started = time.monotonic()
     if wait_port_free(host, port, 0.0):
-        return True          # the common case: one look (each sock_diag dump is ~2 ms)
+        return True          # the common case: one look (one sock_diag dump, ~1.4 ms)
     first = port_users(port)
     for info, how in first or []:
         say(f"port {port} held by {info.describe()} ({how}); waiting")

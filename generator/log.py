@@ -90,7 +90,9 @@ def say(priority: int, message: str, ident: str = "infer-units",
     except (OSError, ValueError, AttributeError):
         tty = False
     head = f"{ident}: " if ident else ""
-    print(("" if tty else f"<{priority}>") + head + message, file=stream, flush=True)
+    # One write a line: pre-start also says things from a thread (its start-limit question).
+    stream.write(("" if tty else f"<{priority}>") + head + message + "\n")
+    stream.flush()
 
 
 def journal_send(fields: dict[str, str], path: str = JOURNAL_SOCKET, sock: object = None) -> bool:

@@ -202,3 +202,22 @@ def test_start_limit_is_left_alone_outside_the_units_own_cgroup() -> None:
     assert not startlimit.forgive_asked_start("iu-not-this.service",
                                               lambda m, p: said.append(m), {})
     assert said == []
+
+
+def test_the_start_limit_question_beside_the_checks_hands_back_its_outcome(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """pre-start asks systemd in a thread (act/startlimit.py): its waiter gives
+    the answer, and what escaped the thread is raised by the waiter, for the
+    hook's one handler, not lost on the thread's stderr."""
+    from infer_units.helpers.act import startlimit
+    said: list[str] = []
+    wait = startlimit.forgive_asked_start_meanwhile("iu-not-this.service",
+                                                     lambda m, p: said.append(m))
+    assert wait() is False and said == []
+
+    def broken(unit: str, say: object, environ: object = None) -> bool:
+        raise LookupError(f"{unit}: a bug")
+    monkeypatch.setattr(startlimit, "forgive_asked_start", broken)
+    wait = startlimit.forgive_asked_start_meanwhile("iu-x.service", lambda m, p: None)
+    with pytest.raises(LookupError, match="iu-x.service: a bug"):
+        wait()

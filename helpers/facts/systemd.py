@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import time
+import _thread      # the lock of the private bus; threading would cost a hook its import
 from ..records import dataclass
 TYPE_CHECKING = False     # typing costs a hook's start-up; annotations are strings here
 if TYPE_CHECKING:
@@ -369,6 +370,9 @@ class _Connection:
 
 
 _kept: list[_Connection] = []
+# One call at a time on the kept connection: pre-start asks from a thread
+# (act/startlimit.forgive_asked_start_meanwhile) while its checks go on.
+_bus_lock = _thread.allocate_lock()
 
 
 def _connection() -> _Connection:
@@ -411,6 +415,11 @@ def _drop_connection() -> None:
 
 def _call(path: str, interface: str, member: str, args: tuple[str, ...]) -> bytes:
     """One method call with string arguments on the private bus; the reply's body."""
+    with _bus_lock:
+        return _call_locked(path, interface, member, args)
+
+
+def _call_locked(path: str, interface: str, member: str, args: tuple[str, ...]) -> bytes:
     body = bytearray()
     for arg in args:
         _put_string(body, arg)

@@ -130,9 +130,20 @@ def pre_start(argv: list[str]) -> int:
         _refuse_without_restart(unit)
         return exitcodes.BLOCKED
     started = time.monotonic()
-    # StartLimitBurst= is for crash loops: a start someone asked for is not counted.
-    from ..act.startlimit import forgive_asked_start
-    forgive_asked_start(unit, _say)
+    # StartLimitBurst= is for crash loops: a start someone asked for is not
+    # counted.  Asked of systemd beside the checks, waited for before leaving.
+    from ..act.startlimit import forgive_asked_start_meanwhile
+    forgiven = forgive_asked_start_meanwhile(unit, _say)
+    try:
+        return _pre_start(a, unit, started)
+    finally:
+        forgiven()
+
+
+def _pre_start(a: Namespace, unit: str, started: float) -> int:
+    """pre-start after the fence: health, park (multi-node worker), claim,
+    then the start checks."""
+    from ..decide.fence import refusal
     claims = None
     gpus: list[Gpu] = []
     if a.env_file:

@@ -18,12 +18,19 @@ SIGTERM) on their own fake GPUs:
                on the 2-core VM of 2026-12-04)
 Restarts alternate; the difference of the medians is the hooks' cost
 (DESIGN's goal: < 60 ms; 86 ms on 2026-12-01 before issue 21).
+
+    python3 bench/restart_bench.py --here [--runs 15]
+
+runs the same units against the systemd of the machine it runs on, where
+infer-units is installed (a booted container's own: the GPU machine's
+harness, tests/gpu/systemd scenario s8), and removes them afterwards.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -32,8 +39,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))      # the tests are a package
 
-from tests.e2e.container import Container, available  # noqa: E402
-from tests.e2e.e2e_support import FAKE_TABLE, install_fake_gpus, model_toml  # noqa: E402
+from tests.e2e.e2e_support import (FAKE_GPU_COUNT, FAKE_TABLE,  # noqa: E402
+                                   HOOKS_TEST_MARKER, install_fake_gpus, model_toml)
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from tests.e2e.container import Container
 
 BASELINE = f"""[Unit]
 Description=baseline: the same fake server without infer-units hooks
@@ -99,13 +110,71 @@ print(json.dumps({"times": times, "phases": phases, "spans": spans}))
 """
 
 
+class Here:
+    """The systemd of this machine, as the bench's container would be: --here."""
+
+    def write(self, inside: str, text: str, mode: int = 0o644) -> None:
+        os.makedirs(os.path.dirname(inside), exist_ok=True)
+        with open(inside, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.chmod(inside, mode)
+
+    def sh(self, script: str, check: bool = True, timeout: float = 300,
+           ) -> subprocess.CompletedProcess[str]:
+        done = subprocess.run(["/bin/sh", "-c", script], capture_output=True, text=True,
+                              timeout=timeout)
+        if check and done.returncode != 0:
+            raise AssertionError(f"{script}\nexit {done.returncode}\n{done.stdout}\n{done.stderr}")
+        return done
+
+
+UNITS = ("hooked", "baseline", "noop-hooks")
+WRITTEN = ["/usr/local/bin/fake-engine", "/etc/infer-units/hooked.toml",
+           "/etc/systemd/system/baseline.service", "/etc/systemd/system/noop-hooks.service",
+           "/root/timer.py", FAKE_TABLE, HOOKS_TEST_MARKER] + \
+    [f"/var/lib/fakegpu/nvidia{i}" for i in range(FAKE_GPU_COUNT)]
+
+
 def main() -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--runs", type=int, default=15)
     p.add_argument("--trace", action="store_true",
                    help="the traced restart at the end with PID 1's debug log: each fork, "
-                        "exec and state change of the unit (bus chatter filtered)")
+                        "exec and state change of the unit (bus chatter filtered); "
+                        "not with --here (it empties the journal)")
+    p.add_argument("--here", action="store_true",
+                   help="this machine's systemd, with infer-units installed, not a container")
     args = p.parse_args()
+    if args.here:
+        if args.trace:
+            p.error("--trace empties the journal: not with --here")
+        for unit in UNITS:
+            if subprocess.run(["systemctl", "cat", f"{unit}.service"],
+                              capture_output=True).returncode == 0:
+                print(f"cannot run: {unit}.service exists here")
+                return 1
+        here = Here()
+        # What the bench writes over (a fake GPU table, the test marker of a
+        # harness run with fake GPUs) is put back afterwards.
+        kept = {}
+        for path in WRITTEN:
+            if os.path.lexists(path):
+                with open(path, "rb") as f:
+                    kept[path] = (f.read(), os.stat(path).st_mode & 0o7777)
+        try:
+            return measure(here, args.runs, False, "this machine's systemd")
+        finally:
+            here.sh("systemctl stop " + " ".join(UNITS) + "; systemctl reset-failed "
+                    + " ".join(UNITS), check=False)
+            for path in WRITTEN:
+                if os.path.lexists(path):
+                    os.unlink(path)
+                if path in kept:
+                    with open(path, "wb") as f:
+                        f.write(kept[path][0])
+                    os.chmod(path, kept[path][1])
+            here.sh("rmdir /var/lib/fakegpu 2>/dev/null; systemctl daemon-reload", check=False)
+    from tests.e2e.container import Container, available
     reason = available()
     if reason:
         print(f"cannot run: {reason}")
@@ -115,69 +184,78 @@ def main() -> int:
     box = Container()
     try:
         box.boot()
-        box.write("/usr/local/bin/fake-engine", (ROOT / "tests/e2e/fake_engine.py").read_text(),
-                  mode=0o755)
-        install_fake_gpus(box)     # the table, its files and the hooks' test marker
         box.install_deb(Path(deb))
-        box.write("/etc/infer-units/hooked.toml", model_toml("hooked", [0, 1], 18501, load=0.5)
-                  .replace('interval = "100ms"', 'interval = "1s"')
-                  + "[unit]\nStartLimitIntervalSec = 0\n")
-        box.write("/etc/systemd/system/baseline.service", BASELINE)
-        box.write("/etc/systemd/system/noop-hooks.service", NOOP_HOOKS)
-        box.write("/root/timer.py", TIMER)
-        box.sh("systemctl daemon-reload && systemctl start hooked baseline noop-hooks")
-        out = box.sh(f"python3 /root/timer.py hooked,baseline,noop-hooks {args.runs}",
-                     timeout=1200).stdout
-        measured = json.loads(out)
-        times, phases = measured["times"], measured["phases"]
-        hooked = statistics.median(times["hooked"]) * 1000
-        base = statistics.median(times["baseline"]) * 1000
-        print(f"systemctl restart, {args.runs} runs each, alternating, one container:")
-        print(f"  baseline (Type=notify, no hooks)  median {base:7.1f} ms  "
-              f"(min {min(times['baseline']) * 1000:.1f}, max {max(times['baseline']) * 1000:.1f})")
-        print(f"  infer-units unit (all hooks)      median {hooked:7.1f} ms  "
-              f"(min {min(times['hooked']) * 1000:.1f}, max {max(times['hooked']) * 1000:.1f})")
-        noop = statistics.median(times["noop-hooks"]) * 1000
-        print(f"  three no-op hooks (/bin/true)     median {noop:7.1f} ms  "
-              f"(min {min(times['noop-hooks']) * 1000:.1f}, "
-              f"max {max(times['noop-hooks']) * 1000:.1f})")
-        print(f"  added by the hooks: {hooked - base:.1f} ms (goal < 60 ms: "
-              f"{'met' if hooked - base < 60 else 'NOT met'}); ratio {hooked / base:.2f}")
-        print(f"  added by three no-op hooks: {noop - base:.1f} ms (spawning three processes "
-              f"here); the hooks' work beyond that: {hooked - noop:.1f} ms")
-        print("  where it goes (medians, systemd's timestamps):   baseline  no-op hooks  "
-              "infer-units  added")
-        for key, what in (("stop", "stop (deactivating; ExecStopPost)"),
-                          ("pre", "start to the server's exec (ExecStartPre)"),
-                          ("up", "exec to active (load, then the ready notice)")):
-            b = statistics.median(phases["baseline"][key]) * 1000
-            n = statistics.median(phases["noop-hooks"][key]) * 1000
-            h = statistics.median(phases["hooked"][key]) * 1000
-            print(f"    {what:44s} {b:8.1f} {n:12.1f} {h:12.1f} {h - b:8.1f} ms")
-        print("  the hooks' own runs, fork to exit (medians, systemd's exec records; "
-              "/bin/true's is the spawn alone):")
-        for hook, what in (("ExecStopPost", "wait-free"), ("ExecStartPre", "pre-start"),
-                           ("ExecStartPost", "wait-ready (beside the load)")):
-            for unit, name in (("hooked", what), ("noop-hooks", "/bin/true")):
-                runs = measured["spans"][unit][hook]
-                if runs:
-                    print(f"    {hook:14s} {name:28s} {statistics.median(runs) * 1000:8.1f} ms "
-                          f"(min {min(runs) * 1000:.1f}, max {max(runs) * 1000:.1f})")
-        # One more restart, traced: where the time goes.
-        if args.trace:
-            box.sh("systemd-analyze log-level debug; journalctl --rotate --vacuum-time=1s -q; "
-                   "systemctl restart hooked; systemd-analyze log-level info", check=False)
-            log = box.sh("journalctl -o short-monotonic --no-pager | grep -v "
-                         "'message\\|D-Bus\\|bus\\|Match\\|varlink\\|connection\\|fd store"
-                         "\\|EPOLLHUP\\|FDSTORE'", check=False).stdout
-        else:
-            box.sh("journalctl --rotate --vacuum-time=1s -q; systemctl restart hooked", check=False)
-            log = box.sh("journalctl -u hooked -o short-monotonic --no-pager | tail -20",
-                         check=False).stdout
-        print("  journal of one restart:\n    " + "\n    ".join(log.strip().splitlines()))
-        return 0
+        return measure(box, args.runs, args.trace, "one container")
     finally:
         box.shutdown()
+
+
+def measure(box: Container | Here, runs: int, trace: bool, where: str) -> int:
+    """Set the three units up in `box` (infer-units installed), restart them
+    alternately `runs` times each, print the figures."""
+    box.write("/usr/local/bin/fake-engine", (ROOT / "tests/e2e/fake_engine.py").read_text(),
+              mode=0o755)
+    install_fake_gpus(box)     # the table, its files and the hooks' test marker
+    box.write("/etc/infer-units/hooked.toml", model_toml("hooked", [0, 1], 18501, load=0.5)
+              .replace('interval = "100ms"', 'interval = "1s"')
+              + "[unit]\nStartLimitIntervalSec = 0\n")
+    box.write("/etc/systemd/system/baseline.service", BASELINE)
+    box.write("/etc/systemd/system/noop-hooks.service", NOOP_HOOKS)
+    box.write("/root/timer.py", TIMER)
+    box.sh("systemctl daemon-reload && systemctl start hooked baseline noop-hooks")
+    out = box.sh(f"python3 /root/timer.py hooked,baseline,noop-hooks {runs}",
+                 timeout=1200).stdout
+    measured = json.loads(out)
+    times, phases = measured["times"], measured["phases"]
+    hooked = statistics.median(times["hooked"]) * 1000
+    base = statistics.median(times["baseline"]) * 1000
+    print(f"systemctl restart, {runs} runs each, alternating, {where}:")
+    print(f"  baseline (Type=notify, no hooks)  median {base:7.1f} ms  "
+          f"(min {min(times['baseline']) * 1000:.1f}, max {max(times['baseline']) * 1000:.1f})")
+    print(f"  infer-units unit (all hooks)      median {hooked:7.1f} ms  "
+          f"(min {min(times['hooked']) * 1000:.1f}, max {max(times['hooked']) * 1000:.1f})")
+    noop = statistics.median(times["noop-hooks"]) * 1000
+    print(f"  three no-op hooks (/bin/true)     median {noop:7.1f} ms  "
+          f"(min {min(times['noop-hooks']) * 1000:.1f}, "
+          f"max {max(times['noop-hooks']) * 1000:.1f})")
+    print(f"  added by the hooks: {hooked - base:.1f} ms (goal < 60 ms: "
+          f"{'met' if hooked - base < 60 else 'NOT met'}); ratio {hooked / base:.2f}")
+    print(f"  added by three no-op hooks: {noop - base:.1f} ms (spawning three processes "
+          f"here); the hooks' work beyond that: {hooked - noop:.1f} ms")
+    print("  where it goes (medians, systemd's timestamps):   baseline  no-op hooks  "
+          "infer-units  added")
+    for key, what in (("stop", "stop (deactivating; ExecStopPost)"),
+                      ("pre", "start to the server's exec (ExecStartPre)"),
+                      ("up", "exec to active (load, then the ready notice)")):
+        b = statistics.median(phases["baseline"][key]) * 1000
+        n = statistics.median(phases["noop-hooks"][key]) * 1000
+        h = statistics.median(phases["hooked"][key]) * 1000
+        print(f"    {what:44s} {b:8.1f} {n:12.1f} {h:12.1f} {h - b:8.1f} ms")
+    print("  the hooks' own runs, fork to exit (medians, systemd's exec records; "
+          "/bin/true's is the spawn alone):")
+    for hook, what in (("ExecStopPost", "wait-free"), ("ExecStartPre", "pre-start"),
+                       ("ExecStartPost", "wait-ready (beside the load)")):
+        for unit, name in (("hooked", what), ("noop-hooks", "/bin/true")):
+            spans = measured["spans"][unit][hook]
+            if spans:
+                print(f"    {hook:14s} {name:28s} {statistics.median(spans) * 1000:8.1f} ms "
+                      f"(min {min(spans) * 1000:.1f}, max {max(spans) * 1000:.1f})")
+    # One more restart, traced: where the time goes.
+    if trace:
+        box.sh("systemd-analyze log-level debug; journalctl --rotate --vacuum-time=1s -q; "
+               "systemctl restart hooked; systemd-analyze log-level info", check=False)
+        log = box.sh("journalctl -o short-monotonic --no-pager | grep -v "
+                     "'message\\|D-Bus\\|bus\\|Match\\|varlink\\|connection\\|fd store"
+                     "\\|EPOLLHUP\\|FDSTORE'", check=False).stdout
+    else:
+        cursor = box.sh("journalctl -u hooked -n 0 --show-cursor -q", check=False).stdout
+        cursor = cursor.rpartition("cursor: ")[2].strip()
+        box.sh("systemctl restart hooked", check=False)
+        log = box.sh("journalctl -u hooked -o short-monotonic --no-pager"
+                     + (f" --after-cursor='{cursor}'" if cursor else " -n 12"),
+                     check=False).stdout
+    print("  journal of one restart:\n    " + "\n    ".join(log.strip().splitlines()))
+    return 0
 
 
 if __name__ == "__main__":

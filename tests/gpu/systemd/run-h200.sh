@@ -35,6 +35,7 @@ prepare_root() {            # $1: the container root
     C=$1
     mkdir -p "$C/opt/iu-gpu" "$C/hs" "$C/out"
     cp "$HERE/scenarios.py" "$HERE/server.py" "$C/opt/iu-gpu/"
+    cp -r "$HERE/bench-tree" "$C/opt/iu-gpu/bench-tree"      # s8: the restart bench
     install -m 0755 "$HERE/host-python" "$C/usr/local/bin/host-python"
     cat > "$C/opt/iu-gpu/host-mounts" <<'SH'
 #!/bin/sh

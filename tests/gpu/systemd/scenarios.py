@@ -672,6 +672,44 @@ def s7_container(sc: Scenario) -> None:
 MODELS = ("tp", "left", "right", "peer", "guardkill", "guardfail")
 
 
+HARNESS_DEFAULTS = "/etc/infer-units/defaults.toml.d/50-harness.toml"
+
+
+def s8_restart_cost(sc: Scenario) -> None:
+    """bench/restart_bench.py against this container's systemd (--here): the
+    time the hooks add to `systemctl restart`, beside a unit without hooks and
+    one with three no-op hooks, on fake GPUs (no CUDA: the hooks' cost, as
+    on the 2-core VM).  The harness's metrics drop-in is set aside meanwhile,
+    so the unit is the bench's own."""
+    runs = int(os.environ.get("IU_RESTART_RUNS", "15"))
+    aside = HARNESS_DEFAULTS + ".s8"
+    if os.path.exists(HARNESS_DEFAULTS):
+        os.rename(HARNESS_DEFAULTS, aside)
+    try:
+        rc, _s, out, err = sc.sh(f"python3 /opt/iu-gpu/bench-tree/bench/restart_bench.py --here "
+                                 f"--runs {runs}", timeout=900)
+    finally:
+        if os.path.exists(aside):
+            os.rename(aside, HARNESS_DEFAULTS)
+    sc.data["output"] = out[-6000:] + err[-2000:]
+    figures = {}
+    for line in out.splitlines():
+        text = line.strip()
+        for key, label in (("added_ms", "added by the hooks: "),
+                           ("noop_added_ms", "added by three no-op hooks: ")):
+            if text.startswith(label):
+                figures[key] = float(text[len(label):].split()[0])
+    sc.data["figures"] = figures
+    sc.data["ok"] = rc == 0 and "added_ms" in figures
+    if sc.data["ok"]:
+        added = figures["added_ms"]
+        sc.data["summary"] = (f"{runs} restarts each: the hooks add {added:.1f} ms (goal < 60 ms: "
+                              f"{'met' if added < 60 else 'NOT met'}); three no-op hooks add "
+                              f"{figures.get('noop_added_ms', float('nan')):.1f} ms")
+    else:
+        sc.data["summary"] = f"restart bench rc {rc}: {(err or out)[-300:]}"
+
+
 def cleanup(sc: Scenario) -> None:
     """Every model stopped after each scenario, whatever happened in it, so one
     failure does not block the next scenario's GPUs."""
@@ -704,7 +742,8 @@ def main() -> int:
     RESULTS["query_ms"] = {"users_all_gpus": round(users_ms, 4),
                            "memory_all_gpus": round((time.perf_counter() - t) / 200 * 1000, 4)}
     only = os.environ.get("IU_SCENARIOS", "").split()
-    for fn in (s1_lifecycle, s2_orphan, s3_disjoint, s4_p2p, s5_status, s6_drain, s7_container):
+    for fn in (s1_lifecycle, s2_orphan, s3_disjoint, s4_p2p, s5_status, s6_drain, s7_container,
+               s8_restart_cost):
         name = fn.__name__
         if only and name.split("_")[0] not in only:
             continue

@@ -215,9 +215,15 @@ def test_the_stand_ins_do_what_the_real_functions_do() -> None:
     import functools
     import string
 
+    import os
+    import tempfile
+
     from hypothesis import given, settings, strategies as st
+    from hypothesis.configuration import set_hypothesis_home_dir
 
     from infer_units.helpers.facts.gpus import _capwords, _wraps
+    # Hypothesis caches Unicode tables under ./.hypothesis: not in the checkout.
+    set_hypothesis_home_dir(os.path.join(tempfile.gettempdir(), "infer-units-hypothesis"))
 
     @settings(max_examples=300, deadline=None, database=None)
     @given(st.text(), st.one_of(st.none(), st.text(min_size=1, max_size=3)))

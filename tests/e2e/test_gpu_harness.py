@@ -1,7 +1,8 @@
 """The GPU machine's systemd harness (tests/gpu/systemd), run here with fake
 GPUs: the carried root built from this tree, booted the same way, the same
-seven scenarios, once with one fake GPU (the path of the one-GPU machine,
-the two-GPU scenarios reported as skipped) and once with two.
+eight scenarios (s8: the restart bench against the container's systemd),
+once with one fake GPU (the path of the one-GPU machine, the two-GPU
+scenarios reported as skipped) and once with two.
 
 It runs in CI because nothing else does: the harness is only run on the GPU
 machine by hand, and a harness that is broken here (it once was: a name used
@@ -46,7 +47,7 @@ def test_the_gpu_harness_passes_on_fake_gpus(carry: Path, tmp_path: Path, gpus: 
     scenarios = results["scenarios"]
     assert len(results["gpus"]) == gpus
     failed = {k: v.get("summary", v.get("error")) for k, v in scenarios.items() if not v["ok"]}
-    assert len(scenarios) == 7 and not failed, failed
+    assert len(scenarios) == 8 and not failed, failed
     skipped = {k for k, v in scenarios.items() if v.get("skipped")}
     # Only the scenarios that need two GPUs may skip, and only where there is one.
     assert skipped == (TWO_GPU_SCENARIOS if gpus == 1 else set()), skipped

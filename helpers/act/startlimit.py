@@ -59,30 +59,8 @@ def forgive_asked_start_meanwhile(unit: str, say: Callable[[str, int], None]) ->
     the thread and gives its result, or raises what escaped it (the hook's
     one handler for the unexpected reports it).  pre-start calls it before it
     leaves, whichever way it leaves."""
-    import _thread      # threading's import costs more than the thread
+    from ..background import Background
     from ..decide import identity  # noqa: F401  (imported here, not in the thread)
     from ..facts import systemd  # noqa: F401
-    done = _thread.allocate_lock()
-    done.acquire()
-    outcome: list[object] = [False]
-
-    def run() -> None:
-        try:
-            outcome[0] = forgive_asked_start(unit, say)
-        except BaseException as e:      # noqa: BLE001 - handed to the waiter
-            outcome[0] = e
-        finally:
-            done.release()
-    try:
-        _thread.start_new_thread(run, ())
-    except RuntimeError:            # no thread to be had: do it here and now
-        done.release()
-        outcome[0] = forgive_asked_start(unit, say)
-
-    def wait() -> bool:
-        with done:
-            pass
-        if isinstance(outcome[0], BaseException):
-            raise outcome[0]
-        return outcome[0] is True
-    return wait
+    asked = Background(lambda: forgive_asked_start(unit, say))
+    return lambda: asked.wait() is True

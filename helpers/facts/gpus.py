@@ -24,6 +24,7 @@ from ...generator.settings import is_pci, normalize_pci
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from ..background import Background
     from .health import GpuFacts
 
 NVIDIA_PROC = "/proc/driver/nvidia/gpus"
@@ -443,17 +444,13 @@ def _nvml_init() -> tuple[Any, list[Any]] | None:
 # command's modules and pynvml are imported.  NVML counts its inits and keeps
 # a GPU attached, so pynvml's own nvmlInit and handles then cost next to
 # nothing.  The warm-up's session is never shut down: the process ends first.
-_warming: list[Any] = []                # the lock the thread holds until it is done
+_warming: list[Background] = []       # the warm-up, once started
 
 
 def warm_nvml() -> None:
     """Begin NVML's init and each GPU's attach in the background."""
     if _warming or os.environ.get("INFER_UNITS_FAKE_GPUS"):
         return
-    import _thread     # threading's import costs more than the whole thread
-    done = _thread.allocate_lock()
-    done.acquire()
-    _warming.append(done)
 
     def run() -> None:
         try:
@@ -466,13 +463,8 @@ def warm_nvml() -> None:
                         lib.nvmlDeviceGetHandleByIndex_v2(i, ctypes.byref(handle))
         except BaseException:       # noqa: BLE001 - no library, no driver: pynvml says so after
             pass
-        finally:
-            done.release()
-    try:
-        _thread.start_new_thread(run, ())
-    except RuntimeError:            # no thread to be had: pynvml does it all later
-        done.release()
-        return
+    from ..background import Background
+    _warming.append(Background(run))
     # A command that ends without asking NVML (a usage error, click's path)
     # leaves through the interpreter's finalisation: not while the thread is
     # inside the driver.  (The hooks and reap leave with os._exit.)
@@ -482,9 +474,8 @@ def warm_nvml() -> None:
 
 def _warmed(limit: float = -1) -> None:
     """Wait for warm_nvml()'s thread, if one was started (at most limit seconds)."""
-    for done in _warming:
-        if done.acquire(True, limit):
-            done.release()
+    for warming in _warming:
+        warming.wait(limit)
 
 
 def _text(value: bytes | str) -> str:

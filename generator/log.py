@@ -84,6 +84,10 @@ def say(priority: int, message: str, ident: str = "infer-units",
     (SyslogLevelPrefix=) so `journalctl -p err` shows a refused start, and no
     prefix on a terminal, where a person reads it."""
     stream = sys.stderr if stream is None else stream
+    if stream is None:
+        stream = sys.stdout      # as print(file=None) did
+        if stream is None:
+            return               # both closed: nowhere to say it
     message = message.replace("\n", " ")
     try:
         tty = posix.isatty(stream.fileno())

@@ -221,3 +221,20 @@ def test_the_start_limit_question_beside_the_checks_hands_back_its_outcome(
     wait = startlimit.forgive_asked_start_meanwhile("iu-x.service", lambda m, p: None)
     with pytest.raises(LookupError, match="iu-x.service: a bug"):
         wait()
+
+
+def test_a_failed_start_limit_question_never_decides_the_start(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """pre-start waits for its start-limit thread on every way out; what
+    escaped the thread is an error line, and the checks' own result stands
+    (a refusal stays a refusal, a pass a pass)."""
+    from infer_units.helpers.act import startlimit
+    from infer_units.helpers.hooks import unit
+
+    def broken(name: str, say: object, environ: object = None) -> bool:
+        raise LookupError("a bug in the question")
+    monkeypatch.setattr(startlimit, "forgive_asked_start", broken)
+    assert unit.pre_start(["--unit", "iu-not-this.service"]) == 0
+    said = capsys.readouterr().err
+    assert "start checks passed" in said
+    assert "start-limit question failed: LookupError: a bug in the question" in said

@@ -338,16 +338,18 @@ _WRAPPER_ASSIGNMENTS = ("__module__", "__name__", "__qualname__", "__doc__",
                         "__annotations__", "__type_params__")
 
 
-def _wraps(wrapped: Any) -> Any:
-    """functools.wraps(wrapped) with its default assignments and updates."""
+def _wraps(wrapped: Any, assigned: tuple[str, ...] = _WRAPPER_ASSIGNMENTS,
+           updated: tuple[str, ...] = ("__dict__",)) -> Any:
+    """functools.wraps: update_wrapper's copy, with the same arguments."""
     def update(wrapper: Any) -> Any:
-        for name in _WRAPPER_ASSIGNMENTS:
+        for name in assigned:
             try:
                 value = getattr(wrapped, name)
             except AttributeError:
                 continue
             setattr(wrapper, name, value)
-        wrapper.__dict__.update(getattr(wrapped, "__dict__", {}))
+        for name in updated:
+            getattr(wrapper, name).update(getattr(wrapped, name, {}))
         wrapper.__wrapped__ = wrapped
         return wrapper
     return update
@@ -372,7 +374,10 @@ class _StandIns:
     """For the duration of one import (pynvml's), each module of `table` not
     imported yet is a stand-in that holds the given names; asked for any other
     name, it puts the real module in its place and answers from it.
-    Afterwards every other importer gets the real modules."""
+    Afterwards sys.modules gives every later importer the real modules; what
+    pynvml (or a module another thread imported meanwhile) holds stays the
+    stand-in, whose names behave as the real ones and which answers every
+    other name from the real module."""
 
     def __init__(self, table: dict[str, dict[str, Any]]) -> None:
         self.table = table

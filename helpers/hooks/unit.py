@@ -137,7 +137,10 @@ def pre_start(argv: list[str]) -> int:
     try:
         return _pre_start(a, unit, started)
     finally:
-        forgiven()
+        try:
+            forgiven()
+        except Exception as e:  # noqa: BLE001 - best effort: never decides the start's outcome
+            _say(f"start-limit question failed: {type(e).__name__}: {e}", ERR)
 
 
 def _pre_start(a: Namespace, unit: str, started: float) -> int:

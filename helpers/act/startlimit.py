@@ -56,9 +56,9 @@ def forgive_asked_start_meanwhile(unit: str, say: Callable[[str, int], None]) ->
     AUTH and two calls are round trips to the manager that is running this
     very start (~4-5 ms in the restart bench's container, on every start's
     path); the checks need none of it.  Returns the function that waits for
-    the thread and gives its result, or raises what escaped it (the hook's
-    one handler for the unexpected reports it).  pre-start calls it before it
-    leaves, whichever way it leaves."""
+    the thread and gives its result, or raises what escaped it.  pre-start
+    calls it before it leaves, whichever way it leaves, and turns what it
+    raises into an error line: the question never decides the start."""
     from ..background import Background
     from ..decide import identity  # noqa: F401  (imported here, not in the thread)
     from ..facts import systemd  # noqa: F401

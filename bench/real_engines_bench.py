@@ -112,8 +112,6 @@ def one_run(box: RealBox, engine: str) -> dict[str, object]:
     c.sh(f"systemctl start {unit}", check=False, timeout=LOAD_TIMEOUT + 60)
     pid = main_pid(c, unit)
     victim = engine_core(c, unit) if engine == "vllm" else pid
-    poll = start_poller(c, unit + "-d", port)
-    c.sh(f"rm -f {poll}")   # only a 2xx of the new server counts
     t0 = time.monotonic()
     c.sh(f"kill -KILL {victim}")
     back = wait_for(lambda: main_pid(c, unit) not in (0, pid) and state(c, unit) == "active",

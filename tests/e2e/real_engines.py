@@ -67,11 +67,15 @@ POLL = """#!/usr/bin/python3
 # and exit: when that 2xx came back, and when the last request was sent that
 # the server answered "not ready" (connection refused, or a status that is
 # not 2xx).  The server's first 2xx lies between the two; a poller cannot
-# see it closer (the unit's own probe may well get it first).
-import errno, sys, time, urllib.error, urllib.request
+# see it closer (the unit's own probe may well get it first).  Once it has
+# seen "not ready" it touches FILE.polling: the test starts the unit only
+# then, so a poller slow to start on a busy machine cannot miss the window.
+import errno, os, sys, time, urllib.error, urllib.request
 url, out = sys.argv[1], sys.argv[2]
 not_ready = 0.0
 while True:
+    if not_ready and not os.path.exists(out + ".polling"):
+        open(out + ".polling", "w").close()
     sent = time.monotonic()
     try:
         with urllib.request.urlopen(url, timeout=2) as r:
@@ -79,7 +83,7 @@ while True:
                 t = time.monotonic()
                 with open(out + ".tmp", "w") as f:
                     f.write("%.6f %.6f\\n" % (t, not_ready))
-                import os; os.replace(out + ".tmp", out)
+                os.replace(out + ".tmp", out)
                 sys.exit(0)
             not_ready = sent
     except urllib.error.HTTPError:
@@ -268,9 +272,13 @@ def start_poller(c: Container, name: str, port: int, path: str = "/health") -> s
     """A poller of the server's URL from inside the container (its network
     namespace): the file it writes holds the monotonic time of the first 2xx."""
     out = f"/run/iu-first-2xx-{name}"
-    c.sh(f"rm -f {out}; systemctl stop iu-poll-{name} 2>/dev/null; "
+    c.sh(f"rm -f {out} {out}.polling; systemctl stop iu-poll-{name} 2>/dev/null; "
          f"systemctl reset-failed iu-poll-{name} 2>/dev/null; "
          f"systemd-run --quiet --unit=iu-poll-{name} {POLLER} http://127.0.0.1:{port}{path} {out}")
+    # The poller must have seen the server not ready (refused: nothing listens
+    # yet) before the unit starts, or it may first look after the server's 2xx.
+    assert wait_for(lambda: c.sh(f"test -e {out}.polling", check=False).returncode == 0, 60), \
+        f"the poller of {name} never saw port {port} not ready before the start"
     return out
 
 

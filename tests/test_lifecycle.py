@@ -171,6 +171,79 @@ def test_time_wait_leftovers_are_not_holders() -> None:
     assert wait_port_free("127.0.0.1", port, 1.0)
 
 
+def _holding_states(port: int) -> list[str]:
+    """What kind of socket, if any, uses `port` in each family (/proc)."""
+    found = []
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            lines = open(table).read().splitlines()[1:]
+        except OSError:
+            continue
+        found += [line.split()[3] for line in lines if line.split()[1].endswith(f":{port:04X}")]
+    return found
+
+
+@pytest.mark.parametrize("case", ["listening v4", "bound v4 reuseaddr", "bound v4",
+                                  "listening v6", "bound v6 only", "time-wait",
+                                  "accepted, listener gone", "reuseport"])
+def test_unused_is_false_for_every_socket_that_uses_the_port(case: str) -> None:
+    """facts/ports.unused: the bind() pre-start tries before any dump must
+    collide with every kind of socket on the port, in either family, or a
+    start would go on over a holder unnamed."""
+    from infer_units.helpers.facts.ports import unused, wait_port_free
+    v6 = socket.has_ipv6 and os.path.exists("/proc/net/if_inet6")
+    if "v6" in case and not v6:
+        pytest.skip("no IPv6 on this host")
+    kept: list[socket.socket] = []
+    try:
+        if case == "time-wait" or case == "accepted, listener gone":
+            listener = socket.socket()
+            listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            listener.bind(("127.0.0.1", 0))
+            listener.listen()
+            port = listener.getsockname()[1]
+            client = socket.create_connection(("127.0.0.1", port))
+            accepted, _ = listener.accept()
+            listener.close()
+            if case == "time-wait":
+                accepted.close()      # the server side first: TIME_WAIT on `port`
+                client.close()
+                assert "06" in _holding_states(port), "no TIME_WAIT: proves nothing"
+            else:
+                kept += [client, accepted]
+        else:
+            family = socket.AF_INET6 if "v6" in case else socket.AF_INET
+            s = socket.socket(family, socket.SOCK_STREAM)
+            kept.append(s)
+            if "reuseaddr" in case:
+                s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if case == "reuseport":
+                s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+            if case == "bound v6 only":
+                s.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+            s.bind(("::1" if family == socket.AF_INET6 else "127.0.0.1", 0))
+            port = s.getsockname()[1]
+            if case.startswith("listening") or case == "reuseport":
+                s.listen()
+        assert not unused(port), case
+        # unused() False only sends the look to the dump: a leftover of a
+        # connection is no holder there (the server binds over it), a
+        # bound or listening socket is.
+        leftover = case in ("time-wait", "accepted, listener gone")
+        assert wait_port_free("127.0.0.1", port, 0.0) is leftover, case
+    finally:
+        for s in kept:
+            s.close()
+
+
+def test_unused_is_true_for_a_port_nothing_uses() -> None:
+    from infer_units.helpers.facts.ports import unused
+    port = free_port()
+    assert _holding_states(port) == [] or pytest.skip("the port was taken meanwhile")
+    assert unused(port)
+    assert unused(port), "the probe's own socket must not be left holding the port"
+
+
 def test_wait_port_says_who_holds_a_bound_port() -> None:
     port = free_port()
     holder = subprocess.Popen([PYTHON, "-c", (

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import errno
 import os
-import struct
 
 # The C module: socket.py would import enum and selectors, a fifth of
 # pre-start's imports (bench/restart_bench.py); its sockets are closed here.
@@ -40,6 +39,7 @@ def _diag(states: int) -> list[tuple[int, int, int]]:
     """(state, local port, inode) of the TCP sockets, IPv4 and IPv6, in
     `states` (a bit mask), from the kernel's sock_diag: one request, no text
     to parse, and only the asked-for tables are walked (not every connection)."""
+    import struct       # here: a start whose port nothing uses never dumps (unused())
     # family, src_len, dst_len, ext, id (48 bytes), states, dbs
     request = bytes(4) + bytes(48) + struct.pack("=II", states, 0)
     header = struct.pack("=IHHII", 16 + len(request), _TCPDIAG_GETSOCK,
@@ -165,6 +165,31 @@ def port_users(port: int) -> list[tuple[ProcInfo, str]] | None:
     return found or None
 
 
+def unused(port: int) -> bool:
+    """True when no TCP socket of this network namespace has `port` as its
+    local port: listening, only bound, connected or in TIME_WAIT, IPv4 or
+    IPv6.  A bind() of the wildcard address, dual-stack, without SO_REUSEADDR
+    or SO_REUSEPORT collides with every one of them, and costs a hash lookup
+    where a sock_diag dump walks the kernel's bind hash (~2 ms on every
+    start, bench/restart_bench.py).  False says nothing: look closer.  The
+    socket is closed at once; it never listens, so no client sees it."""
+    for family, address in ((socket.AF_INET6, "::"), (socket.AF_INET, "0.0.0.0")):
+        try:
+            s = socket.socket(family, socket.SOCK_STREAM)
+        except OSError:
+            continue         # no IPv6 in this kernel: IPv4 alone says it all
+        try:
+            if family == socket.AF_INET6:
+                s.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+            s.bind((address, port))
+            return True
+        except OSError:
+            return False     # in use, or not ours to bind (a low port, a policy)
+        finally:
+            s.close()
+    return False
+
+
 def can_bind(host: str, port: int) -> bool:
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     s = socket.socket(family, socket.SOCK_STREAM)
@@ -185,7 +210,7 @@ def wait_port_reporting(host: str, port: int, timeout: float,
     still does if it is not free in time."""
     started = time.monotonic()
     if wait_port_free(host, port, 0.0):
-        return True          # the common case: one look (one sock_diag dump, ~1.4 ms)
+        return True          # the common case: one look (a bind() that nothing collides with)
     first = port_users(port)
     for info, how in first or []:
         say(f"port {port} held by {info.describe()} ({how}); waiting")
@@ -206,8 +231,8 @@ def wait_port_free(host: str, port: int, timeout: float, poll_s: float = 0.05) -
     be bound (as the server will, with SO_REUSEADDR); False at the timeout."""
     deadline = time.monotonic() + timeout
     while True:
-        if not _holding_inodes(port) and can_bind(host, port) and \
-                not _bound_out_of_sight(host, port):
+        if unused(port) or (not _holding_inodes(port) and can_bind(host, port)
+                            and not _bound_out_of_sight(host, port)):
             return True
         if time.monotonic() >= deadline:
             return False

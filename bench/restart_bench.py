@@ -144,6 +144,10 @@ def main() -> int:
                         "not with --here (it empties the journal)")
     p.add_argument("--here", action="store_true",
                    help="this machine's systemd, with infer-units installed, not a container")
+    p.add_argument("--suite", default="bookworm", choices=("bookworm", "trixie"),
+                   help="the container's Debian (bookworm: systemd 252 forks, then moves "
+                        "each hook into the unit's cgroup; trixie: systemd 257 spawns it "
+                        "there, CLONE_INTO_CGROUP)")
     args = p.parse_args()
     if args.here:
         if args.trace:
@@ -181,11 +185,11 @@ def main() -> int:
         return 1
     deb = subprocess.run([str(ROOT / "packaging/build-deb")], capture_output=True, text=True,
                          check=True).stdout.strip().splitlines()[-1]
-    box = Container()
+    box = Container(args.suite)
     try:
         box.boot()
         box.install_deb(Path(deb))
-        return measure(box, args.runs, args.trace, "one container")
+        return measure(box, args.runs, args.trace, f"one {args.suite} container")
     finally:
         box.shutdown()
 

@@ -311,3 +311,28 @@ def test_a_failed_start_limit_question_never_decides_the_start(
     said = capsys.readouterr().err
     assert "start checks passed" in said
     assert "start-limit question failed: LookupError: a bug in the question" in said
+
+
+def test_a_refusal_waits_for_the_start_limit_question_before_it_ignores_sigterm(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A refused start ignores SIGTERM (process-wide) so that the stop job it
+    queues cannot end it first; a systemctl the start-limit thread runs
+    meanwhile would inherit that.  So the question is settled first, while
+    SIGTERM is still the default, and only then is the stop queued."""
+    from infer_units.helpers.facts import procinfo, systemd
+    from infer_units.helpers.hooks import unit
+    seen: list[tuple[str, object]] = []
+    monkeypatch.setattr(procinfo, "unit_of_cgroup", lambda cgroup: "iu-m.service")
+    monkeypatch.setattr(systemd, "cancel_own_start",
+                        lambda name: seen.append(("cancel", signal.getsignal(signal.SIGTERM))))
+
+    def settle() -> bool:
+        seen.append(("settle", signal.getsignal(signal.SIGTERM)))
+        raise LookupError("what escaped the question is pre-start's finally's to say")
+
+    before = signal.getsignal(signal.SIGTERM)
+    try:
+        unit._refuse_without_restart("iu-m.service", settle)
+    finally:
+        signal.signal(signal.SIGTERM, before)
+    assert seen == [("settle", before), ("cancel", signal.SIG_IGN)]

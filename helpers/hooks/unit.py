@@ -64,13 +64,22 @@ def _gpus_or_exit(selector: str) -> tuple[Backend, list[Gpu]]:
 
 # ------------------------------------------------------------------ pre-start
 
-def _refuse_without_restart(unit: str | None) -> None:
+def _refuse_without_restart(unit: str | None,
+                            settle: Callable[[], object] | None = None) -> None:
     """Blocked: cancel our own start job so Restart=on-failure does not retry
-    until the other service lets go of the GPUs and then take them unasked."""
+    until the other service lets go of the GPUs and then take them unasked.
+    `settle`: waits for pre-start's start-limit question, first: SIGTERM is
+    ignored below, process-wide, and a systemctl its thread ran would
+    inherit that and outlive the stop's SIGTERM."""
     from ..facts.procinfo import read_cgroup, unit_of_cgroup
     if not unit or unit_of_cgroup(read_cgroup(os.getpid())) != unit:
         _say(f"not in {unit}'s cgroup ({read_cgroup(os.getpid())}): no start job to cancel")
         return      # run by hand, not as the unit's ExecStartPre
+    if settle is not None:
+        try:
+            settle()
+        except Exception:  # noqa: BLE001 - pre-start's finally says it, as an error line
+            pass
     from ..facts.systemd import cancel_own_start
     # The stop job SIGTERMs us.  A Python handler runs only between bytecodes
     # and was seen on H200 to lose the race (the hook ended by 15/TERM): ignore
@@ -135,7 +144,7 @@ def pre_start(argv: list[str]) -> int:
     from ..act.startlimit import forgive_asked_start_meanwhile
     forgiven = forgive_asked_start_meanwhile(unit, _say)
     try:
-        return _pre_start(a, unit, started)
+        return _pre_start(a, unit, started, forgiven)
     finally:
         try:
             forgiven()
@@ -143,7 +152,7 @@ def pre_start(argv: list[str]) -> int:
             _say(f"start-limit question failed: {type(e).__name__}: {e}", ERR)
 
 
-def _pre_start(a: Namespace, unit: str, started: float) -> int:
+def _pre_start(a: Namespace, unit: str, started: float, settle: Callable[[], object]) -> int:
     """pre-start after the fence: health, park (multi-node worker), claim,
     then the start checks."""
     from ..decide.fence import refusal
@@ -159,7 +168,7 @@ def _pre_start(a: Namespace, unit: str, started: float) -> int:
     if a.gpus is not None:       # --gpus "" is a usage error, not "nothing to do"
         b, gpus = _gpus_or_exit(a.gpus)
         if not _healthy_enough(b, gpus, unit, a.accept_health, a.root_dir):
-            _refuse_without_restart(unit)
+            _refuse_without_restart(unit, settle)
             return exitcodes.BLOCKED
     if a.wait_rendezvous:
         # A multi-node worker parks here, unbounded, until its head forms a
@@ -187,7 +196,7 @@ def _pre_start(a: Namespace, unit: str, started: float) -> int:
         fenced = refusal(unit)       # a drain began while it waited
         if fenced:
             _say(fenced, ERR)
-            _refuse_without_restart(unit)
+            _refuse_without_restart(unit, settle)
             return exitcodes.BLOCKED
         started = time.monotonic()       # what follows is the start checks proper
     if a.gpus is not None:
@@ -201,9 +210,9 @@ def _pre_start(a: Namespace, unit: str, started: float) -> int:
         if conflicts:
             for line in conflicts:
                 _say(f"blocked: {line}", ERR)
-            _refuse_without_restart(unit)
+            _refuse_without_restart(unit, settle)
             return exitcodes.BLOCKED
-    code = _start_checks(a, unit, claims)
+    code = _start_checks(a, unit, claims, settle)
     if code != exitcodes.CLEAN:
         if claims is not None:
             claims.release()      # a failed start holds no GPU
@@ -234,7 +243,8 @@ def _healthy_enough(b: Backend, gpus: list[Gpu], unit: str, accept: tuple[str, .
     return not refusing
 
 
-def _start_checks(a: Namespace, unit: str, claims: GpuClaims | None) -> int:
+def _start_checks(a: Namespace, unit: str, claims: GpuClaims | None,
+                  settle: Callable[[], object]) -> int:
     """Reap, env file, port, P2P: pre-start after the GPUs are claimed."""
     gpus = claims.gpus if claims is not None else []
     if claims is not None:
@@ -249,7 +259,7 @@ def _start_checks(a: Namespace, unit: str, claims: GpuClaims | None) -> int:
         _say(f"reap GPU {gpu_list}: {result.message} after {result.seconds * 1000:.0f} ms",
              INFO if result.exit_code == exitcodes.CLEAN else ERR)
         if result.exit_code == exitcodes.BLOCKED:
-            _refuse_without_restart(unit)
+            _refuse_without_restart(unit, settle)
         if result.exit_code != exitcodes.CLEAN:
             return result.exit_code
         if a.resolve_pci and a.env_file:

@@ -111,13 +111,36 @@ print(json.dumps({"times": times, "phases": phases, "spans": spans}))
 
 
 class Here:
-    """The systemd of this machine, as the bench's container would be: --here."""
+    """The systemd of this machine, as the bench's container would be: --here.
+    It writes as root into system paths, so it never follows a symlink that
+    stands where it writes, and it remembers the directories it made, for
+    `undo_dirs()`."""
+
+    def __init__(self) -> None:
+        self.made: list[str] = []
 
     def write(self, inside: str, text: str, mode: int = 0o644) -> None:
-        os.makedirs(os.path.dirname(inside), exist_ok=True)
-        with open(inside, "w", encoding="utf-8") as f:
+        missing = []
+        parent = os.path.dirname(inside)
+        while not os.path.isdir(parent):
+            missing.append(parent)
+            parent = os.path.dirname(parent)
+        for directory in reversed(missing):
+            os.mkdir(directory)
+            self.made.append(directory)
+        fd = os.open(inside, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW
+                     | os.O_CLOEXEC, mode)
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(text)
-        os.chmod(inside, mode)
+            os.fchmod(f.fileno(), mode)
+
+    def undo_dirs(self) -> None:
+        """Remove the directories write() made, deepest first, if empty."""
+        for directory in reversed(self.made):
+            try:
+                os.rmdir(directory)
+            except OSError:
+                pass
 
     def sh(self, script: str, check: bool = True, timeout: float = 300,
            ) -> subprocess.CompletedProcess[str]:
@@ -145,9 +168,9 @@ def main() -> int:
     p.add_argument("--here", action="store_true",
                    help="this machine's systemd, with infer-units installed, not a container")
     p.add_argument("--suite", default="bookworm", choices=("bookworm", "trixie"),
-                   help="the container's Debian (bookworm: systemd 252 forks, then moves "
-                        "each hook into the unit's cgroup; trixie: systemd 257 spawns it "
-                        "there, CLONE_INTO_CGROUP)")
+                   help="the container's Debian: bookworm (systemd 252 forks each hook "
+                        "and moves it into the unit's cgroup) or trixie (systemd 257 "
+                        "spawns each through systemd-executor)")
     args = p.parse_args()
     if args.here:
         if args.trace:
@@ -157,6 +180,10 @@ def main() -> int:
                               capture_output=True).returncode == 0:
                 print(f"cannot run: {unit}.service exists here")
                 return 1
+        linked = [path for path in WRITTEN if os.path.islink(path)]
+        if linked:
+            print(f"cannot run: {', '.join(linked)} is a symlink (the bench writes there as root)")
+            return 1
         here = Here()
         # What the bench writes over (a fake GPU table, the test marker of a
         # harness run with fake GPUs) is put back afterwards.
@@ -174,10 +201,13 @@ def main() -> int:
                 if os.path.lexists(path):
                     os.unlink(path)
                 if path in kept:
-                    with open(path, "wb") as f:
+                    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW
+                                 | os.O_CLOEXEC, kept[path][1])
+                    with os.fdopen(fd, "wb") as f:
                         f.write(kept[path][0])
-                    os.chmod(path, kept[path][1])
-            here.sh("rmdir /var/lib/fakegpu 2>/dev/null; systemctl daemon-reload", check=False)
+                        os.fchmod(f.fileno(), kept[path][1])
+            here.undo_dirs()
+            here.sh("systemctl daemon-reload", check=False)
     from tests.e2e.container import Container, available
     reason = available()
     if reason:

@@ -47,8 +47,11 @@ else:
                 factories[name] = value.default_factory
                 delattr(cls, name)
             elif isinstance(value, _Field):
-                setattr(cls, name, value.default)
-                defaults[name] = value.default
+                if value.default is _MISSING:
+                    delattr(cls, name)         # field(): required, as a bare annotation
+                else:
+                    setattr(cls, name, value.default)
+                    defaults[name] = value.default
             elif value is not _MISSING:
                 defaults[name] = value
         qualname = cls.__qualname__
@@ -101,11 +104,15 @@ else:
                 raise AttributeError(f"cannot assign to field {name!r} of a frozen "
                                      f"{type(self).__name__}")
 
+            def __delattr__(self, name):
+                raise AttributeError(f"cannot delete field {name!r} of a frozen "
+                                     f"{type(self).__name__}")
+
             def __hash__(self) -> int:
                 return hash(tuple(getattr(self, n) for n in names))
 
             cls.__setattr__ = __setattr__
-            cls.__delattr__ = __setattr__
+            cls.__delattr__ = __delattr__
             cls.__hash__ = __hash__
         else:
             cls.__hash__ = None

@@ -185,7 +185,10 @@ def _holding_states(port: int) -> list[str]:
 
 @pytest.mark.parametrize("case", ["listening v4", "bound v4 reuseaddr", "bound v4",
                                   "listening v6", "bound v6 only", "time-wait",
-                                  "accepted, listener gone", "reuseport"])
+                                  "accepted, listener gone", "reuseport",
+                                  "bound v4 wildcard", "bound v6 dual-stack wildcard",
+                                  "bound v6 v4-mapped", "bound v4 to lo",
+                                  "reuseport, another uid"])
 def test_unused_is_false_for_every_socket_that_uses_the_port(case: str) -> None:
     """facts/ports.unused: the bind() pre-start tries before any dump must
     collide with every kind of socket on the port, in either family, or a
@@ -211,6 +214,26 @@ def test_unused_is_false_for_every_socket_that_uses_the_port(case: str) -> None:
                 assert "06" in _holding_states(port), "no TIME_WAIT: proves nothing"
             else:
                 kept += [client, accepted]
+        elif case == "reuseport, another uid":
+            # nobody's SO_REUSEPORT listener: a root bind with SO_REUSEPORT
+            # would not join it (another uid), ours has none and collides.
+            if os.geteuid() != 0:
+                pytest.skip("needs root to run a holder as nobody")
+            port = free_port()
+            holder = subprocess.Popen(
+                ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", PYTHON, "-c",
+                 "import socket, sys, time; s = socket.socket(); "
+                 "s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1); "
+                 f"s.bind(('127.0.0.1', {port})); s.listen(); print('up', flush=True); "
+                 "sys.stdin.read()"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+            try:
+                assert holder.stdout is not None and holder.stdout.readline() == "up\n"
+                assert not unused(port)
+                assert not wait_port_free("127.0.0.1", port, 0.0)
+            finally:
+                holder.kill()
+                holder.wait()
+            return
         else:
             family = socket.AF_INET6 if "v6" in case else socket.AF_INET
             s = socket.socket(family, socket.SOCK_STREAM)
@@ -221,7 +244,14 @@ def test_unused_is_false_for_every_socket_that_uses_the_port(case: str) -> None:
                 s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
             if case == "bound v6 only":
                 s.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
-            s.bind(("::1" if family == socket.AF_INET6 else "127.0.0.1", 0))
+            if case == "bound v6 dual-stack wildcard":
+                s.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+            if case == "bound v4 to lo":
+                s.setsockopt(socket.SOL_SOCKET, socket.SO_BINDTODEVICE, b"lo")
+            address = {"bound v4 wildcard": "0.0.0.0", "bound v6 dual-stack wildcard": "::",
+                       "bound v6 v4-mapped": "::ffff:127.0.0.1"}.get(
+                case, "::1" if family == socket.AF_INET6 else "127.0.0.1")
+            s.bind((address, 0))
             port = s.getsockname()[1]
             if case.startswith("listening") or case == "reuseport":
                 s.listen()

@@ -24,8 +24,10 @@ set_hypothesis_home_dir(os.path.join(tempfile.gettempdir(), "infer-units-hypothe
 NAMES = ("a", "b", "c", "d", "e")
 # Per field: required, a default value, or a factory (list or dict).  The
 # stdlib wants the required fields first, as our records always have them.
-kinds = st.lists(st.sampled_from(["required", "default", "list", "dict"]), min_size=0,
-                 max_size=len(NAMES)).map(lambda ks: sorted(ks, key=lambda k: k != "required"))
+REQUIRED = ("required", "field()")
+kinds = st.lists(st.sampled_from(["required", "field()", "default", "field(default=)", "list",
+                                  "dict"]), min_size=0,
+                 max_size=len(NAMES)).map(lambda ks: sorted(ks, key=lambda k: k not in REQUIRED))
 
 
 def _build(make: Any, field: Any, shape: list[str], frozen: bool) -> type:
@@ -34,6 +36,10 @@ def _build(make: Any, field: Any, shape: list[str], frozen: bool) -> type:
         namespace["__annotations__"][name] = "object"
         if kind == "default":
             namespace[name] = (name, 1)        # a tuple: never mistaken for a marker
+        elif kind == "field()":
+            namespace[name] = field()
+        elif kind == "field(default=)":
+            namespace[name] = field(default=(name, 2))
         elif kind == "list":
             namespace[name] = field(default_factory=list)
         elif kind == "dict":
@@ -84,6 +90,8 @@ def test_records_take_and_refuse_what_dataclasses_do(shape: list[str], frozen: b
         assert _hashed(mine) == _hashed(real)     # the fields' tuple, or unhashable alike
         with pytest.raises(AttributeError):
             setattr(mine, names[0] if names else "a", 0)
+        with pytest.raises(AttributeError):
+            delattr(mine, names[0] if names else "a")
     else:
         with pytest.raises(TypeError):
             hash(mine)

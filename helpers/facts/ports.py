@@ -172,7 +172,13 @@ def unused(port: int) -> bool:
     or SO_REUSEPORT collides with every one of them, and costs a hash lookup
     where a sock_diag dump walks the kernel's bind hash (~2 ms on every
     start, bench/restart_bench.py).  False says nothing: look closer.  The
-    socket is closed at once; it never listens, so no client sees it."""
+    socket is closed at once; it never listens, so no client sees it.
+
+    Not where VRFs can exist (the vrf module loaded: /proc/sys/net/vrf): a
+    holder bound to a VRF device sits in a bind bucket of its own there
+    (tcp_l3mdev_accept=0), which an unbound bind() never meets."""
+    if os.path.exists("/proc/sys/net/vrf"):
+        return False
     for family, address in ((socket.AF_INET6, "::"), (socket.AF_INET, "0.0.0.0")):
         try:
             s = socket.socket(family, socket.SOCK_STREAM)

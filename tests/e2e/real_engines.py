@@ -272,9 +272,11 @@ def start_poller(c: Container, name: str, port: int, path: str = "/health") -> s
     """A poller of the server's URL from inside the container (its network
     namespace): the file it writes holds the monotonic time of the first 2xx."""
     out = f"/run/iu-first-2xx-{name}"
-    c.sh(f"rm -f {out} {out}.polling; systemctl stop iu-poll-{name} 2>/dev/null; "
-         f"systemctl reset-failed iu-poll-{name} 2>/dev/null; "
-         f"systemd-run --quiet --unit=iu-poll-{name} {POLLER} http://127.0.0.1:{port}{path} {out}")
+    # The last poller stopped before its files go: a live one would write them anew.
+    c.sh(f"systemctl stop iu-poll-{name} 2>/dev/null; "
+         f"systemctl reset-failed iu-poll-{name} 2>/dev/null; rm -f {out} {out}.polling; "
+         f"systemd-run --quiet --unit=iu-poll-{name} -p RuntimeMaxSec={int(LOAD_TIMEOUT) + 300} "
+         f"{POLLER} http://127.0.0.1:{port}{path} {out}")
     # The poller must have seen the server not ready (refused: nothing listens
     # yet) before the unit starts, or it may first look after the server's 2xx.
     assert wait_for(lambda: c.sh(f"test -e {out}.polling", check=False).returncode == 0, 60), \

@@ -49,3 +49,9 @@ COMMANDS: dict[str, tuple[str, str]] = {
 # init and the GPUs' attach in a thread (facts/gpus.warm_nvml) while their
 # modules load.
 NVML_FIRST: frozenset[str] = frozenset({"reap", "holders", "pre-start"})
+
+# Hooks that ask systemd first thing over its private bus (wait-free: is this
+# stop half of a restart?): entry.py opens the connection in a thread
+# (facts/systemd.warm_bus) while their modules load.  The connect is PID 1's
+# accept and AUTH, 1.5-2 ms on every restart's stop (bench/restart_bench.py).
+BUS_FIRST: frozenset[str] = frozenset({"wait-free"})

@@ -13,7 +13,7 @@ import os
 import sys
 
 from ..generator.leave import leave as _exit   # flush stdio, then posix._exit
-from .commands import FAST, HOOKS, NVML_FIRST
+from .commands import BUS_FIRST, FAST, HOOKS, NVML_FIRST
 
 def _asks_help(argv: list[str]) -> bool:
     return bool({"-h", "--help"} & set(argv))
@@ -37,6 +37,9 @@ def _run(scrub_hooks: bool) -> None:
         else:
             hookenv.trust_caller()
         _warm_nvml(argv)                 # after the scrub: it decides INFER_UNITS_FAKE_GPUS
+        if argv[0] in BUS_FIRST and not _asks_help(argv):
+            from .facts.systemd import warm_bus
+            warm_bus()
         from .hooks.unit import run
         _exit(run(argv))
     if argv:

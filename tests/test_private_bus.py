@@ -216,3 +216,37 @@ def test_a_kept_connection_closed_since_is_opened_again_once(bus) -> None:
                 calls_per_connection=1)
     assert systemd.sigkills_leftovers("alpha.service") is True
     assert len(asked) == 2 and bus.connections[0] == 2
+
+
+def test_a_warmed_connection_is_the_one_the_questions_use(bus, monkeypatch) -> None:
+    """entry.py opens wait-free's connection in a thread (warm_bus) while the
+    hook's modules load; the questions then go over it, after it is up."""
+    monkeypatch.setenv("INVOCATION_ID", "0123456789abcdef0123456789abcdef")
+    asked = bus({(UNIT, "Job"): variant_job(42, JOB), (JOB, "JobType"): variant_s("restart")})
+    systemd.warm_bus()
+    assert systemd.pending_job_type("alpha.service") == "restart"
+    assert asked == [(UNIT, "Job"), (JOB, "JobType")]
+    assert bus.connections[0] == 1
+
+
+def test_no_warm_up_outside_a_unit_and_a_failed_one_is_no_error(bus, monkeypatch,
+                                                                  tmp_path) -> None:
+    from infer_units.helpers import background
+    real_background = background.Background
+    started: list[object] = []
+    monkeypatch.setattr(background, "Background", lambda work: started.append(work))
+    monkeypatch.delenv("INVOCATION_ID", raising=False)
+    bus({(UNIT, "Job"): variant_job(0, "/")})
+    systemd.warm_bus()
+    assert started == []          # not run by systemd: no thread, no connection
+    monkeypatch.setattr(background, "Background", real_background)
+    # A bus that is not there when warmed: the first call says so itself.
+    monkeypatch.setenv("INVOCATION_ID", "0123456789abcdef0123456789abcdef")
+    real = systemd.PRIVATE_BUS
+    monkeypatch.setattr(systemd, "PRIVATE_BUS", str(tmp_path / "absent"))
+    monkeypatch.setattr(systemd, "_private_bus", lambda: True)
+    systemd.warm_bus()
+    with pytest.raises(systemd.SystemdUnavailable):
+        systemd.pending_job_type("alpha.service")
+    monkeypatch.setattr(systemd, "PRIVATE_BUS", real)
+    assert systemd.pending_job_type("alpha.service") == ""

@@ -408,6 +408,25 @@ def _connection() -> _Connection:
     return _kept[0]
 
 
+def warm_bus() -> None:
+    """Open the private-bus connection in a thread, now, for a hook that will
+    ask (commands.py BUS_FIRST): PID 1 accepts and AUTHs it while the hook's
+    modules load.  Only where the hook would ask (root, run by systemd);
+    what fails here is left for the first call, which connects anew and
+    says why (nothing waits for this thread)."""
+    if not os.environ.get("INVOCATION_ID") or not _private_bus():
+        return
+
+    def connect() -> None:
+        with _bus_lock:          # the first call waits for this connection
+            try:
+                _connection()
+            except SystemdUnavailable:
+                pass
+    from ..background import Background
+    Background(connect)
+
+
 def _drop_connection() -> None:
     while _kept:
         _kept.pop().sock.close()

@@ -170,9 +170,11 @@ def unused(port: int) -> bool:
     local port: listening, only bound, connected or in TIME_WAIT, IPv4 or
     IPv6.  A bind() of the wildcard address, dual-stack, without SO_REUSEADDR
     or SO_REUSEPORT collides with every one of them, and costs a hash lookup
-    where a sock_diag dump walks the kernel's bind hash (~2 ms on every
-    start, bench/restart_bench.py).  False says nothing: look closer.  The
-    socket is closed at once; it never listens, so no client sees it.
+    where a sock_diag dump walks the kernel's bind hash (1-2 ms on Linux >=
+    6.11).  A port that served connections in the last minute still has
+    TIME_WAIT leftovers, so a restart of a busy server mostly dumps; a first
+    start, a boot's, does not.  False says nothing: look closer.  The socket
+    is closed at once; it never listens, so no client sees it.
 
     Not where VRFs can exist (the vrf module loaded: /proc/sys/net/vrf): a
     holder bound to a VRF device sits in a bind bucket of its own there

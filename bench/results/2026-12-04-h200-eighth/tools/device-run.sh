@@ -1,5 +1,5 @@
 #!/bin/sh
-# Eighth pass: GPU tests, harness (s1-s8, the carry rebuilt from this tree), reap bench.
+# Eighth pass, final tree: GPU tests, harness (s1-s8, the carry rebuilt from this tree), reap bench.
 set -u
 R=$OUT; export PYTHONUNBUFFERED=1 PYTHONPYCACHEPREFIX=/tmp/iu-pycache
 { date; uname -a; nproc; python3 --version; uptime; nvidia-smi; stat -fc %T /sys/fs/cgroup; } > $R/machine.txt 2>&1

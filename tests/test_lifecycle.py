@@ -152,25 +152,6 @@ def test_ipv6_holders_are_seen_by_the_same_dump() -> None:
     assert port_users(port) == []
 
 
-def test_time_wait_leftovers_are_not_holders() -> None:
-    from infer_units.helpers.facts.ports import port_users, wait_port_free
-    listener = socket.socket()
-    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    listener.bind(("127.0.0.1", 0))
-    listener.listen()
-    port = listener.getsockname()[1]
-    client = socket.create_connection(("127.0.0.1", port))
-    accepted, _ = listener.accept()
-    accepted.close()          # the server side closes first: TIME_WAIT on `port`
-    client.close()
-    listener.close()
-    lines = open("/proc/net/tcp").read().splitlines()
-    assert any(line.split()[1].endswith(f":{port:04X}") and line.split()[3] == "06"
-               for line in lines[1:]), "no TIME_WAIT left: the test proves nothing"
-    assert port_users(port) == []
-    assert wait_port_free("127.0.0.1", port, 1.0)
-
-
 def _holding_states(port: int) -> list[str]:
     """What kind of socket, if any, uses `port` in each family (/proc)."""
     found = []
@@ -181,6 +162,33 @@ def _holding_states(port: int) -> list[str]:
             continue
         found += [line.split()[3] for line in lines if line.split()[1].endswith(f":{port:04X}")]
     return found
+
+
+def _connection_on_a_closed_port(time_wait: bool) -> tuple[int, list[socket.socket]]:
+    """A port whose listener is gone: its accepted connection still open
+    (time_wait=False: both ends returned, to be closed by the caller), or
+    closed by the server side first, leaving TIME_WAIT on the port."""
+    listener = socket.socket()
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    listener.bind(("127.0.0.1", 0))
+    listener.listen()
+    port = listener.getsockname()[1]
+    client = socket.create_connection(("127.0.0.1", port))
+    accepted, _ = listener.accept()
+    listener.close()
+    if not time_wait:
+        return port, [client, accepted]
+    accepted.close()          # the server side closes first: TIME_WAIT on `port`
+    client.close()
+    assert "06" in _holding_states(port), "no TIME_WAIT left: the test proves nothing"
+    return port, []
+
+
+def test_time_wait_leftovers_are_not_holders() -> None:
+    from infer_units.helpers.facts.ports import port_users, wait_port_free
+    port, _ = _connection_on_a_closed_port(time_wait=True)
+    assert port_users(port) == []
+    assert wait_port_free("127.0.0.1", port, 1.0)
 
 
 @pytest.mark.parametrize("case", ["listening v4", "bound v4 reuseaddr", "bound v4",
@@ -200,20 +208,8 @@ def test_unused_is_false_for_every_socket_that_uses_the_port(case: str) -> None:
     kept: list[socket.socket] = []
     try:
         if case == "time-wait" or case == "accepted, listener gone":
-            listener = socket.socket()
-            listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            listener.bind(("127.0.0.1", 0))
-            listener.listen()
-            port = listener.getsockname()[1]
-            client = socket.create_connection(("127.0.0.1", port))
-            accepted, _ = listener.accept()
-            listener.close()
-            if case == "time-wait":
-                accepted.close()      # the server side first: TIME_WAIT on `port`
-                client.close()
-                assert "06" in _holding_states(port), "no TIME_WAIT: proves nothing"
-            else:
-                kept += [client, accepted]
+            port, open_ends = _connection_on_a_closed_port(time_wait=case == "time-wait")
+            kept += open_ends
         elif case == "reuseport, another uid":
             # nobody's SO_REUSEPORT listener: a root bind with SO_REUSEPORT
             # would not join it (another uid), ours has none and collides.

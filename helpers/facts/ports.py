@@ -218,7 +218,7 @@ def wait_port_reporting(host: str, port: int, timeout: float,
     still does if it is not free in time."""
     started = time.monotonic()
     if wait_port_free(host, port, 0.0):
-        return True          # the common case: one look (a bind() that nothing collides with)
+        return True          # the common case: one look (a bind(), or one sock_diag dump)
     first = port_users(port)
     for info, how in first or []:
         say(f"port {port} held by {info.describe()} ({how}); waiting")

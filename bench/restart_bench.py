@@ -112,6 +112,15 @@ print(json.dumps({"times": times, "phases": phases, "spans": spans}))
 """
 
 
+def write_no_follow(path: str, data: bytes, mode: int) -> None:
+    """Write `path` as root: a symlink standing there is refused (ELOOP), never followed."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC,
+                 mode)
+    with os.fdopen(fd, "wb") as f:
+        f.write(data)
+        os.fchmod(f.fileno(), mode)
+
+
 class Here:
     """The systemd of this machine, as the bench's container would be: --here.
     It writes as root into system paths, so it never follows a symlink that
@@ -130,11 +139,7 @@ class Here:
         for directory in reversed(missing):
             os.mkdir(directory)
             self.made.append(directory)
-        fd = os.open(inside, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW
-                     | os.O_CLOEXEC, mode)
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-            os.fchmod(f.fileno(), mode)
+        write_no_follow(inside, text.encode(), mode)
 
     def undo_dirs(self) -> None:
         """Remove the directories write() made, deepest first, if empty."""
@@ -203,11 +208,7 @@ def main() -> int:
                 if os.path.lexists(path):
                     os.unlink(path)
                 if path in kept:
-                    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW
-                                 | os.O_CLOEXEC, kept[path][1])
-                    with os.fdopen(fd, "wb") as f:
-                        f.write(kept[path][0])
-                        os.fchmod(f.fileno(), kept[path][1])
+                    write_no_follow(path, *kept[path])
             here.undo_dirs()
             here.sh("systemctl daemon-reload", check=False)
     from tests.e2e.container import Container, available

@@ -434,6 +434,14 @@ def favordynmods_ab(box: Container | Here, runs: int, where: str) -> int:
         print(f"cannot run the A/B: {e}")
         return 1
     parts: dict[bool, list[Measured]] = {False: [], True: []}
+
+    def leave(signum: int, frame: object) -> None:
+        raise SystemExit(f"signal {signum}: the mount is put back")
+
+    # A kill or a closed terminal must not leave the kernel-wide setting
+    # changed: the finally below runs for these too.
+    import signal
+    previous = {sig: signal.signal(sig, leave) for sig in (signal.SIGTERM, signal.SIGHUP)}
     try:
         done = 0
         while done < runs:
@@ -445,6 +453,8 @@ def favordynmods_ab(box: Container | Here, runs: int, where: str) -> int:
             done += block
     finally:
         mount.restore()
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
     added = {}
     for on in (False, True):
         added[on] = report(joined(parts[on]),

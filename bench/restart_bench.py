@@ -27,14 +27,13 @@ runs the same units against the systemd of the machine it runs on, where
 infer-units is installed (a booted container's own: the GPU machine's
 harness, tests/gpu/systemd scenario s8), and removes them afterwards.
 
-    sudo /usr/bin/python3 bench/restart_bench.py --favordynmods-ab [--runs 40]
-
-makes the same restarts twice, with the kernel's cgroup favordynmods off and
-on (a remount of the cgroup2 mount that keeps its other options; blocks of
-5 restarts, the two modes alternating), and puts the mount back as it was.
-The header of every run says the cgroup layout and whether favordynmods is
-on: with it a cgroup attach does not wait for an RCU grace period, at some
-cost to every fork and exit (the kernel's cgroup-v2 documentation).
+The header of every run names the cgroup layout and whether a cgroup mount
+has favordynmods (the kernel's cgroup-v2 documentation: cgroup migrations,
+as each hook's move into the unit's cgroup, get cheaper; forks and exits
+dearer).  The bench does not switch it: on Linux 6.18 the first switch-on
+leaves the per-threadgroup locking it brings in place until reboot ("per
+threadgroup rwsem mechanism can't be disabled"), so a later "off" is not
+the kernel's state before (bench/results/2026-12-04-restart, ninth pass).
 """
 
 from __future__ import annotations
@@ -46,7 +45,6 @@ import statistics
 import subprocess
 import sys
 from pathlib import Path
-from typing import NamedTuple
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))      # the tests are a package
@@ -188,9 +186,6 @@ def main() -> int:
                    help="the container's Debian: bookworm (systemd 252 forks each hook "
                         "and moves it into the unit's cgroup) or trixie (systemd 257 "
                         "spawns each through systemd-executor)")
-    p.add_argument("--favordynmods-ab", action="store_true",
-                   help="the same restarts with the cgroup2 mount's favordynmods off and "
-                        "on, in alternating blocks (root; the mount is put back as it was)")
     args = p.parse_args()
     if args.here:
         if args.trace:
@@ -213,7 +208,7 @@ def main() -> int:
                 with open(path, "rb") as f:
                     kept[path] = (f.read(), os.stat(path).st_mode & 0o7777)
         try:
-            return measure(here, args.runs, False, "this machine's systemd", args.favordynmods_ab)
+            return measure(here, args.runs, False, "this machine's systemd")
         finally:
             here.sh("systemctl stop " + " ".join(UNITS) + "; systemctl reset-failed "
                     + " ".join(UNITS), check=False)
@@ -235,93 +230,26 @@ def main() -> int:
     try:
         box.boot()
         box.install_deb(Path(deb))
-        return measure(box, args.runs, args.trace, f"one {args.suite} container",
-                       args.favordynmods_ab)
+        return measure(box, args.runs, args.trace, f"one {args.suite} container")
     finally:
         box.shutdown()
 
 
-class CgroupMount(NamedTuple):
-    """One cgroup hierarchy's mount, as /proc/self/mountinfo has it."""
-    path: str
-    fstype: str                 # cgroup (v1) or cgroup2
-    mount_options: list[str]    # the mount's own: rw, nosuid, relatime, ...
-    super_options: list[str]    # the hierarchy's: nsdelegate, favordynmods, ...
-
-    @property
-    def favordynmods(self) -> bool:
-        return "favordynmods" in self.super_options
-
-
-def cgroup_mounts(mountinfo: str = "/proc/self/mountinfo") -> list[CgroupMount]:
-    mounts = []
-    with open(mountinfo) as f:
-        for line in f:
-            own, _, fs = line.partition(" - ")
-            fields, fs_fields = own.split(), fs.split()
-            if len(fs_fields) >= 3 and fs_fields[0] in ("cgroup", "cgroup2"):
-                mounts.append(CgroupMount(fields[4], fs_fields[0], fields[5].split(","),
-                                          fs_fields[2].split(",")))
-    return mounts
-
-
-def cgroup_layout() -> str:
-    """The cgroup hierarchy the hooks are attached to, and whether any cgroup
-    mount has favordynmods: the kernel then keeps cgroup_threadgroup_rwsem
-    (global) in its slow mode, so a cgroup attach (one per spawned hook)
-    no longer waits for an RCU grace period.  Part of the machine a restart
-    figure was measured on."""
-    mounts = cgroup_mounts()
-    v1 = any(m.fstype == "cgroup" for m in mounts)
-    v2 = any(m.fstype == "cgroup2" for m in mounts)
+def cgroup_layout(mounts: str = "/proc/self/mounts") -> str:
+    """The cgroup hierarchy and whether a cgroup mount has favordynmods, as
+    this process sees them (a container shares the kernel, and the setting
+    is the kernel's): part of the machine a restart figure was measured on.
+    Without favordynmods each hook's move into the unit's cgroup may wait for
+    an RCU grace period.  A mount without it does not prove the kernel's
+    state: on 6.18 the locking that one switch-on brings stays until reboot."""
+    with open(mounts) as f:
+        rows = [line.split() for line in f]
+    v1 = [r for r in rows if r[2] == "cgroup"]
+    v2 = [r for r in rows if r[2] == "cgroup2"]
     layout = ("hybrid (cgroup v1 controllers + cgroup2)" if v1 and v2 else
               "cgroup v1" if v1 else "unified (cgroup2)" if v2 else "none mounted")
-    favoring = [m.path for m in mounts if m.favordynmods]
+    favoring = [r[1] for r in v1 + v2 if "favordynmods" in r[3].split(",")]
     return f"cgroup {layout}, favordynmods " + (f"on ({favoring[0]})" if favoring else "off")
-
-
-# mount(2) flags that a remount must pass again, or it clears them.
-MOUNT_FLAGS = {"ro": 1, "nosuid": 2, "nodev": 4, "noexec": 8, "noatime": 1024,
-               "nodiratime": 2048, "relatime": 1 << 21, "strictatime": 1 << 24}
-MS_REMOUNT = 32
-
-
-class Favordynmods:
-    """Turns favordynmods of this machine's (first) cgroup2 mount on and off
-    for --favordynmods-ab, passing every other option of the mount again,
-    and checks after each remount that only that option changed.  It is a
-    kernel-wide setting: restore() puts back what was."""
-
-    def __init__(self) -> None:
-        found = [m for m in cgroup_mounts() if m.fstype == "cgroup2"]
-        if not found:
-            raise OSError("no cgroup2 mount here")
-        self.original = found[0]
-        self.path = self.original.path
-        unknown = [o for o in self.original.mount_options
-                   if o not in MOUNT_FLAGS and o != "rw"]
-        if unknown:
-            raise OSError(f"{self.path}: mount options {unknown} unknown to the bench")
-
-    def set(self, on: bool) -> None:
-        import ctypes
-        want = [o for o in self.original.super_options if o not in ("rw", "ro", "favordynmods")]
-        want += ["favordynmods"] if on else []
-        flags = MS_REMOUNT
-        for option in self.original.mount_options:
-            flags |= MOUNT_FLAGS.get(option, 0)
-        libc = ctypes.CDLL(None, use_errno=True)
-        if libc.mount(None, self.path.encode(), b"cgroup2", flags, ",".join(want).encode()):
-            errno = ctypes.get_errno()
-            raise OSError(errno, f"remount {self.path} ({','.join(want)}): {os.strerror(errno)}")
-        now = next((m for m in cgroup_mounts() if m.path == self.path), None)
-        expected = sorted(want + [o for o in self.original.super_options if o in ("rw", "ro")])
-        if now is None or now.mount_options != self.original.mount_options \
-                or sorted(now.super_options) != expected:
-            raise OSError(f"{self.path} after the remount: {now}, expected {expected}")
-
-    def restore(self) -> None:
-        self.set(self.original.favordynmods)
 
 
 def median_difference_interval(a: list[float], b: list[float], rounds: int = 4000,
@@ -337,8 +265,9 @@ def median_difference_interval(a: list[float], b: list[float], rounds: int = 400
     return diffs[int(rounds * 0.025)] * 1000, diffs[int(rounds * 0.975) - 1] * 1000
 
 
-def set_up(box: Container | Here) -> None:
-    """The three units in `box` (infer-units installed), started."""
+def measure(box: Container | Here, runs: int, trace: bool, where: str) -> int:
+    """Set the three units up in `box` (infer-units installed), restart them
+    alternately `runs` times each, print the figures."""
     box.write("/usr/local/bin/fake-engine", (ROOT / "tests/e2e/fake_engine.py").read_text(),
               mode=0o755)
     install_fake_gpus(box)     # the table, its files and the hooks' test marker
@@ -349,38 +278,13 @@ def set_up(box: Container | Here) -> None:
     box.write("/etc/systemd/system/noop-hooks.service", NOOP_HOOKS)
     box.write("/root/timer.py", TIMER)
     box.sh("systemctl daemon-reload && systemctl start hooked baseline noop-hooks")
-
-
-Measured = dict  # TIMER's JSON: times, phases, spans, each unit's lists
-
-
-def restarts(box: Container | Here, runs: int) -> Measured:
-    """`runs` restarts of each unit, alternating."""
-    out = box.sh(f"python3 /root/timer.py {','.join(UNITS)} {runs}", timeout=1200).stdout
-    return json.loads(out)
-
-
-def joined(parts: list[Measured]) -> Measured:
-    """The blocks of one mode as one set of restarts."""
-    whole: Measured = {}
-    for part in parts:
-        for key, per_unit in part.items():
-            for unit, value in per_unit.items():
-                if isinstance(value, list):
-                    whole.setdefault(key, {}).setdefault(unit, []).extend(value)
-                else:
-                    for name, values in value.items():
-                        whole.setdefault(key, {}).setdefault(unit, {}) \
-                            .setdefault(name, []).extend(values)
-    return whole
-
-
-def report(measured: Measured, title: str) -> float:
-    """Print the figures of one set of restarts; the hooks' cost (ms)."""
+    out = box.sh(f"python3 /root/timer.py hooked,baseline,noop-hooks {runs}",
+                 timeout=1200).stdout
+    measured = json.loads(out)
     times, phases = measured["times"], measured["phases"]
     hooked = statistics.median(times["hooked"]) * 1000
     base = statistics.median(times["baseline"]) * 1000
-    print(f"{title}:")
+    print(f"systemctl restart, {runs} runs each, alternating, {where}; {cgroup_layout()}:")
     print(f"  baseline (Type=notify, no hooks)  median {base:7.1f} ms  "
           f"(min {min(times['baseline']) * 1000:.1f}, max {max(times['baseline']) * 1000:.1f})")
     print(f"  infer-units unit (all hooks)      median {hooked:7.1f} ms  "
@@ -415,70 +319,6 @@ def report(measured: Measured, title: str) -> float:
             if spans:
                 print(f"    {hook:14s} {name:28s} {statistics.median(spans) * 1000:8.1f} ms "
                       f"(min {min(spans) * 1000:.1f}, max {max(spans) * 1000:.1f})")
-    return hooked - base
-
-
-# --favordynmods-ab: restarts in blocks of this many, the two modes alternating
-# (off first in one block pair, on first in the next), so both see the same
-# drift of the machine's load.
-AB_BLOCK = 5
-
-
-def favordynmods_ab(box: Container | Here, runs: int, where: str) -> int:
-    """The same restarts with the cgroup2 mount's favordynmods off and on; the
-    mount is put back as it was whatever happens."""
-    try:
-        mount = Favordynmods()
-        mount.restore()          # a remount that changes nothing: can this machine?
-    except OSError as e:
-        print(f"cannot run the A/B: {e}")
-        return 1
-    parts: dict[bool, list[Measured]] = {False: [], True: []}
-
-    def leave(signum: int, frame: object) -> None:
-        raise SystemExit(f"signal {signum}: the mount is put back")
-
-    # A kill or a closed terminal must not leave the kernel-wide setting
-    # changed: the finally below runs for these too.
-    import signal
-    previous = {sig: signal.signal(sig, leave) for sig in (signal.SIGTERM, signal.SIGHUP)}
-    try:
-        done = 0
-        while done < runs:
-            block = min(AB_BLOCK, runs - done)
-            order = (False, True) if (done // AB_BLOCK) % 2 == 0 else (True, False)
-            for on in order:
-                mount.set(on)
-                parts[on].append(restarts(box, block))
-            done += block
-    finally:
-        mount.restore()
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
-    added = {}
-    for on in (False, True):
-        added[on] = report(joined(parts[on]),
-                           f"systemctl restart, {runs} runs each, alternating, {where}; "
-                           f"favordynmods {'on' if on else 'off'} on {mount.path} (blocks of "
-                           f"{AB_BLOCK}, the modes alternating)")
-    print(f"favordynmods on vs off: the hooks add {added[True]:.1f} vs {added[False]:.1f} ms "
-          f"({added[True] - added[False]:+.1f} ms); {mount.path} put back as it was "
-          f"(favordynmods {'on' if mount.original.favordynmods else 'off'})")
-    return 0
-
-
-def measure(box: Container | Here, runs: int, trace: bool, where: str,
-            ab: bool = False) -> int:
-    """Set the three units up in `box`, restart them alternately `runs` times
-    each, print the figures (with `ab`: the favordynmods A/B)."""
-    set_up(box)
-    if ab:
-        rc = favordynmods_ab(box, runs, where)
-        if rc:
-            return rc
-    else:
-        report(restarts(box, runs), f"systemctl restart, {runs} runs each, alternating, "
-               f"{where}; {cgroup_layout()}")
     # One more restart, traced: where the time goes.
     if trace:
         box.sh("systemd-analyze log-level debug; journalctl --rotate --vacuum-time=1s -q; "

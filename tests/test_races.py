@@ -4,6 +4,7 @@ the signal, and two start hooks racing for one GPU."""
 
 from __future__ import annotations
 
+import errno
 import os
 import signal
 import subprocess
@@ -120,12 +121,28 @@ def test_a_reused_pid_is_never_signalled(fake_gpus: FakeGpus) -> None:
 # ------------------------------------------------------------- two starts at once
 
 def _remove_cgroup_root(root: Path) -> None:
-    """Move what is left back to the top and remove the test's cgroups."""
+    """Move what is left back to the top and remove the test's cgroups.  The
+    last _stop() waits for each unit's shell only: a child it SIGKILLed with
+    it (the loser's `sleep`) may still be exiting in the cgroup, and rmdir
+    answers EBUSY until it is gone (CI, 2026-12-04): wait for that state."""
+    def removed(cg: Path) -> bool:
+        for pid in (cg / "cgroup.procs").read_text().split():
+            try:
+                (SYSTEMD_V1 / "cgroup.procs").write_text(pid)
+            except ProcessLookupError:
+                pass                    # it finished exiting meanwhile
+        try:
+            cg.rmdir()
+        except OSError as e:
+            if e.errno != errno.EBUSY:
+                raise
+            return False
+        return True
+
     for cg in root.iterdir():
         if cg.is_dir():
-            for pid in (cg / "cgroup.procs").read_text().split():
-                (SYSTEMD_V1 / "cgroup.procs").write_text(pid)
-            cg.rmdir()
+            assert wait_until(lambda: removed(cg), timeout=30), \
+                f"{cg} stays busy: {(cg / 'cgroup.procs').read_text().split()}"
     root.rmdir()
 
 

@@ -19,10 +19,15 @@ sum_exec_runtime of its threads, /proc/PID/task/*/schedstat, in ns) read
 interpreter's start nor the first second's faster polls are in it; median of
 3.  (It was a run of 1 s + --wait minus a run of 1 s: two starts' noise,
 +-50 ms here, in a figure of a few ms; on the H200 the first scenario gave
-2.06% once and 0.11% in another run.)  Lag: the hook's exit minus the moment the
-server could first answer 2xx (vLLM: it starts listening; llama.cpp: /health
-turns 200), median and max of --runs.  DESIGN's goals: under 1% of one core
-(0.1 s per 10 s), the unit active within 100 ms of the first 2xx.
+2.06% once and 0.11% in another run.)  "absent, first second in": the same
+from the hook's first look at the port (its first "waiting for" line), so
+the first second's faster polls count, spread over --wait.  Lag: the hook's
+exit minus the moment the server could first answer 2xx (vLLM: it starts
+listening; llama.cpp: /health turns 200), median and max of --runs, the
+server ready 1-2 s after the hook's start, and for "bound" also 0.4-0.9 s
+after it (a small model or a restart: the first second's polls).  DESIGN's
+goals: under 1% of one core (0.1 s per 10 s), the unit active within 100 ms
+of the first 2xx.
 """
 
 from __future__ import annotations
@@ -131,11 +136,13 @@ def ran_ns(pid: int) -> int:
     return total
 
 
-SETTLE_S = 1.5      # past the interpreter's start and the first second's 10 ms polls
+SETTLE_S = 1.5      # past the interpreter's start and the first second's faster polls
 
 
-def cpu(tree: Path, scenario: str, wait: float) -> float:
-    """Seconds of CPU wait-ready spends in `wait` seconds of waiting."""
+def cpu(tree: Path, scenario: str, wait: float, first_second: bool = False) -> float:
+    """Seconds of CPU wait-ready spends in `wait` seconds of waiting: from
+    SETTLE_S after its start, or (first_second) from its first look at the
+    port."""
     port = free_port()
     never = time.monotonic() + 10 * wait + 3600
     server = None
@@ -148,10 +155,17 @@ def cpu(tree: Path, scenario: str, wait: float) -> float:
                              f"http://127.0.0.1:{port}/health", "--timeout", f"{wait + 60}s",
                              *INTERVAL],
                             env=env, cwd=tree, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)
+                            stderr=subprocess.PIPE if first_second else subprocess.DEVNULL)
     started = time.monotonic()
     try:
-        time.sleep(SETTLE_S)
+        if first_second:
+            assert proc.stderr is not None
+            line = proc.stderr.readline()     # "... not listening yet": its first poll is done
+            if b"waiting for" not in line:
+                raise RuntimeError(f"wait-ready said {line!r} first")
+            started = time.monotonic() - SETTLE_S
+        else:
+            time.sleep(SETTLE_S)
         before = ran_ns(proc.pid)
         time.sleep(started + SETTLE_S + wait - time.monotonic())
         after = ran_ns(proc.pid)
@@ -209,16 +223,24 @@ def main() -> int:
     chosen = a.scenarios.split(",")
     print(f"wait-ready of {a.tree} ({sys.executable}), {a.sockets} other TCP sockets, "
           f"--interval {a.interval or 'default'}")
-    for scenario in [s for s in ("absent", "bound", "loading") if s in chosen]:
-        samples = [cpu(a.tree, scenario, a.wait) * 10 / a.wait for _ in range(3)]
+    cases = [(s, False) for s in ("absent", "bound", "loading") if s in chosen]
+    if "absent" in chosen:
+        cases.append(("absent", True))
+    for scenario, first_second in cases:
+        samples = [cpu(a.tree, scenario, a.wait, first_second) * 10 / a.wait
+                   for _ in range(3)]
         per10 = statistics.median(samples)
-        print(f"  {scenario:8} {per10:6.3f} s CPU per 10 s of waiting = {per10 * 10:5.2f}% "
+        name = f"{scenario}, first second in" if first_second else scenario
+        print(f"  {name:24} {per10:6.3f} s CPU per 10 s of waiting = {per10 * 10:5.2f}% "
               f"of a core (goal < 1%: {'met' if per10 < 0.1 else 'NOT met'}; samples "
               f"{', '.join(f'{x * 10:.2f}%' for x in samples)})")
-    for scenario in [s for s in ("bound", "loading") if s in chosen]:
-        lags = [lag(a.tree, scenario, 1.0 + 0.137 * i) for i in range(a.runs)]
-        print(f"  lag {scenario:8} median {statistics.median(lags) * 1000:5.0f} ms, max "
-              f"{max(lags) * 1000:5.0f} ms over {a.runs} runs (goal < 100 ms: "
+    ready_after = [(s, 1.0, 0.137, "") for s in ("bound", "loading") if s in chosen]
+    if "bound" in chosen:
+        ready_after.append(("bound", 0.4, 0.5 / max(1, a.runs - 1), " in the first second"))
+    for scenario, first, step, when in ready_after:
+        lags = [lag(a.tree, scenario, first + step * i) for i in range(a.runs)]
+        print(f"  lag {scenario:8} median {statistics.median(lags) * 1000:5.1f} ms, max "
+              f"{max(lags) * 1000:5.1f} ms over {a.runs} runs{when} (goal < 100 ms: "
               f"{'met' if max(lags) < 0.1 else 'NOT met'})")
     return 0
 

@@ -39,17 +39,21 @@ def probe(url: str | Url, timeout: float) -> tuple[bool, str]:
 # How often a loading server is looked at.  Until its port accepts a
 # connection, a connect() attempt (refused by the kernel: the server never
 # sees it) says "not yet"; with the sleep between two of them that is
-# ~0.3 ms of CPU a poll here, so every 50 ms is 0.7% of a core (the goal:
+# ~0.3 ms of CPU a poll here, so every 50 ms is 0.6% of a core (the goal:
 # < 1%, bench/ready_bench.py).  In the first second the port is tried every
-# 10 ms: a server up that soon (a small or cached model, a restart) is seen
-# ~5 ms after it listens instead of ~25 ms (that lag was the largest share of
-# what the hooks added to a restart, bench/restart_bench.py), for ~80 more
-# polls once.  Once it listens, health is asked every `interval` (default
-# 50 ms: the unit is active within ~50 ms of the first 2xx; llama.cpp answers
-# 503 "Loading model" cheaply meanwhile).  Reading /proc/net/tcp instead
-# cost 17% of a core at 20 ms.
+# 3 ms: a server up that soon (a small or cached model, a restart) is seen
+# within ~1.5 ms of its listen, where every 10 ms left it ~5 ms (the hook's
+# exit 5.8 ms after the listen at the median, max 7.1, against 10.1 and 14.8:
+# 2-core VM, 2026-12-04).  The ready notice was 12.6-14.4 ms of the
+# 48.7-55.4 ms the hooks added to a restart at 10 ms (bench/restart_bench.py).
+# That second costs 1.8-2.6% of a core once, against 1.3-1.8% at 10 ms, and
+# the first 10 s of waiting, that second included, 0.65-0.87% (0.65-0.72%);
+# every 2 ms took them to 1.01% once.  Once it listens, health is asked
+# every `interval` (default 50 ms: the unit is active within ~50 ms of the
+# first 2xx; llama.cpp answers 503 "Loading model" cheaply meanwhile).
+# Reading /proc/net/tcp instead cost 17% of a core at 20 ms.
 LISTEN_POLL_S = 0.05
-LISTEN_FAST_POLL_S, LISTEN_FAST_FOR_S = 0.01, 1.0
+LISTEN_FAST_POLL_S, LISTEN_FAST_FOR_S = 0.003, 1.0
 
 
 class StopRequested(BaseException):

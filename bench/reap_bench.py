@@ -103,6 +103,26 @@ def start_holders(b, count: int, gib: float,  # type: ignore[no-untyped-def]
     return procs
 
 
+# Issue 21's scene had, beside the GPU's holders, a process whose command
+# line named sglang and that used no GPU (killall.py killed it too): here an
+# operator's benchmark client, as its command line reads.  It holds no GPU,
+# so it is no one's to kill; every run of reap and of killall.py has one.
+BYSTANDER = ("import signal; signal.pause()", "sglang.bench_serving", "--backend", "sglang")
+
+
+def start_bystander() -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-c", *BYSTANDER])
+
+
+def bystander_killed(p: subprocess.Popen) -> bool:
+    """Whether something killed it; if not, it is ended here."""
+    if p.poll() is None:
+        p.kill()
+        p.wait()
+        return False
+    return True
+
+
 def _no_fds(pid: int) -> bool:
     try:
         return not os.listdir(f"/proc/{pid}/fd")
@@ -214,7 +234,7 @@ def end_to_end(b, trials: int, holders: int, gib: float) -> dict[str, list[float
     cli = [sys.executable, *flags, "-c", launcher, "reap", "--gpus", "0", "--term-grace", "0s",
            "--timeout", "60s"]
     out: dict[str, list[float]] = {"wall": [], "to_kill": [], "after_kill": [], "teardown": [],
-                                   "floor": [], "floor_flags": []}
+                                   "floor": [], "floor_flags": [], "bystander_killed": []}
     if nvml:
         out["nvml"] = []
     for _ in range(trials):
@@ -235,7 +255,9 @@ def end_to_end(b, trials: int, holders: int, gib: float) -> dict[str, list[float
         for p in procs:
             p.wait()
         procs = start_holders(b, holders, gib, ignore_term=True)
+        bystander = start_bystander()
         wall, to_kill = _timed_reap(cli)
+        out["bystander_killed"].append(float(bystander_killed(bystander)))
         out["wall"].append(wall)
         out["to_kill"].append(to_kill)
         out["after_kill"].append(wall - to_kill)
@@ -245,21 +267,25 @@ def end_to_end(b, trials: int, holders: int, gib: float) -> dict[str, list[float
 
 
 def killall_walls(b, killall: Path, trials: int, holders: int,  # type: ignore[no-untyped-def]
-                  gib: float) -> tuple[list[float], str]:
+                  gib: float, bystander: bool) -> tuple[list[float], str, int]:
     """SGLang's killall.py against the holders end_to_end() gives reap:
     its wall (process start to exit), each trial.  It picks the GPUs by
     index from CUDA_VISIBLE_DEVICES, kills what nvidia-smi lists on them and
     exits 0 once their memory is under 10% (its 1 s and 3 s sleeps are part
-    of what it is).  Also its own verdict, the last trial's status line."""
+    of what it is).  Also its own verdict, the last trial's status line,
+    and how many bystanders it killed (with `bystander`: one a trial)."""
     env = dict(os.environ, CUDA_VISIBLE_DEVICES=str(b.gpus()[0].index), PYTHONIOENCODING="utf-8")
-    walls = []
+    walls, killed = [], 0
     for _ in range(trials):
         procs = start_holders(b, holders, gib, ignore_term=True)
+        other = start_bystander() if bystander else None
         t = time.monotonic()
         done = subprocess.run([sys.executable, str(killall)], env=env,
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                               encoding="utf-8", errors="replace")   # its boxes are drawn
         walls.append(time.monotonic() - t)
+        if other is not None:
+            killed += bystander_killed(other)
         for p in procs:
             try:
                 p.wait(10)
@@ -271,7 +297,7 @@ def killall_walls(b, killall: Path, trials: int, holders: int,  # type: ignore[n
             raise RuntimeError(f"killall.py exited {done.returncode}:\n{done.stdout}")
         verdict = next((line.strip("│ ") for line in done.stdout.splitlines()
                         if "PASS" in line or "FAIL" in line), "no verdict printed")
-    return walls, verdict
+    return walls, verdict, killed
 
 
 def spawn_idle(count: int) -> subprocess.Popen:
@@ -367,17 +393,28 @@ def main() -> int:
               f"{'met' if med['wall'] <= goal else 'NOT met'}")
         # One decimal, rounded down, and the verdict: 19.5x printed as "20x"
         # read as met.
+        killed = int(sum(e2e["bystander_killed"]))
+        print(f"   a bystander (`python3 -c ... {' '.join(BYSTANDER[1:])}`, no GPU) beside each "
+              f"reap: killed {killed} of {args.trials} times (goal 0)")
         killall_ms, how = args.killall_s * 1000, "recorded, not run here"
         if args.killall and not (isinstance(b, NvmlBackend) and shutil.which("nvidia-smi")):
             how += " (--killall needs NVML and nvidia-smi)"
         elif args.killall:
             try:
-                walls, verdict = killall_walls(b, args.killall, args.killall_trials,
-                                               args.holders, args.gib)
-                killall_ms = statistics.median(walls) * 1000
-                how = (f"run here on the same holders, {len(walls)} trials, min "
-                       f"{min(walls):.2f} s, max {max(walls):.2f} s; it said \"{verdict}\"")
+                for bystander in (False, True):     # the goal's scene last: the issue's
+                    walls, verdict, killed = killall_walls(
+                        b, args.killall, args.killall_trials, args.holders, args.gib, bystander)
+                    killall_ms = statistics.median(walls) * 1000
+                    how = (f"run here on the same holders{' and bystander' if bystander else ''}, "
+                           f"{len(walls)} trials, min {min(walls):.2f} s, max {max(walls):.2f} s; "
+                           f"it said \"{verdict}\"")
+                    if not bystander:
+                        print(f"   SGLang killall.py without the bystander: {how}: "
+                              f"{killall_ms / med['wall']:.1f}x reap's wall")
+                    else:
+                        how += f"; the bystander killed {killed} of {len(walls)} times"
             except (RuntimeError, OSError) as e:
+                killall_ms, how = args.killall_s * 1000, "recorded, not run here"
                 print(f"   killall.py failed, the recorded wall stands in: {e}")
         faster = killall_ms / med['wall']
         print(f"   vs SGLang killall.py {killall_ms / 1000:.2f} s ({how}): "

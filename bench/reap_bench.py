@@ -2,10 +2,11 @@
 """Reap benchmark: return latency after the last holder is gone, and the cost
 of deciding whom to reap on a host with many idle processes.
 
-    python3 bench/reap_bench.py [--trials 20] [--idle 10000] [--gib 20]
+    python3 bench/reap_bench.py [--trials 20] [--idle 10000] [--gib 20 | --gib 10,6]
 
 Backend: NVML when GPUs are there (holders are torch processes holding --gib
-GiB each), else the fake backend (holders hold fake device files).
+GiB each, or one size each: `--gib 10,6` is issue 21's scene), else the fake
+backend (holders hold fake device files).
 
 1. Latency.  Each trial starts holders, then runs the reaper (in this
    process: the same Reaper the CLI runs).  A watcher thread notes when each
@@ -85,11 +86,11 @@ def setup_fake(tmp: Path) -> None:
     os.environ["INFER_UNITS_FAKE_GPUS"] = str(tmp / "gpus.json")
 
 
-def start_holders(b, count: int, gib: float,  # type: ignore[no-untyped-def]
+def start_holders(b, sizes: list[float],  # type: ignore[no-untyped-def]
                   ignore_term: bool = False) -> list[subprocess.Popen]:
     procs = []
     stubborn = ["ignore-term"] if ignore_term else []
-    for _ in range(count):
+    for gib in sizes:
         if isinstance(b, NvmlBackend):
             argv = [sys.executable, "-c", CUDA_HOLDER, str(gib), *stubborn]
             env = dict(os.environ, CUDA_VISIBLE_DEVICES=b.gpus()[0].uuid)
@@ -161,13 +162,13 @@ class Watcher(threading.Thread):
                 self.fds_empty_at = time.monotonic()
 
 
-def latency(b, trials: int, holders: int, gib: float) -> list[dict[str, float]]:  # type: ignore[no-untyped-def]
+def latency(b, trials: int, sizes: list[float]) -> list[dict[str, float]]:  # type: ignore[no-untyped-def]
     gpu = b.gpus()[:1]
     nvml = isinstance(b, NvmlBackend)
     rows = []
     for _ in range(trials):
         baseline = b.memory_used_mib(0) if nvml else None
-        procs = start_holders(b, holders, gib)
+        procs = start_holders(b, sizes)
         watcher = Watcher(b, procs, baseline)
         watcher.start()
         t0 = time.monotonic()
@@ -219,7 +220,7 @@ NVML_FLOOR = ("import pynvml as n; n.nvmlInit(); h = n.nvmlDeviceGetHandleByInde
               "n.nvmlDeviceGetComputeRunningProcesses(h); n.nvmlDeviceGetMemoryInfo(h)")
 
 
-def end_to_end(b, trials: int, holders: int, gib: float) -> dict[str, list[float]]:  # type: ignore[no-untyped-def]
+def end_to_end(b, trials: int, sizes: list[float]) -> dict[str, list[float]]:  # type: ignore[no-untyped-def]
     """Wall of the CLI's reap, the teardown of the same holders, the bare interpreter."""
     nvml = isinstance(b, NvmlBackend)
     # As the .deb's launcher starts it: its #! flags (-IS: no site module, so
@@ -243,7 +244,7 @@ def end_to_end(b, trials: int, holders: int, gib: float) -> dict[str, list[float
         if nvml:     # what NVML itself costs a fresh process: its import, init, one query
             out["nvml"].append(_timed_run([sys.executable, "-I", "-c", NVML_FLOOR]))
         baseline = b.memory_used_mib(0) if nvml else None
-        procs = start_holders(b, holders, gib, ignore_term=True)
+        procs = start_holders(b, sizes, ignore_term=True)
         watcher = Watcher(b, procs, baseline)
         watcher.start()
         t0 = time.monotonic()
@@ -254,7 +255,7 @@ def end_to_end(b, trials: int, holders: int, gib: float) -> dict[str, list[float
         out["teardown"].append(last - t0)
         for p in procs:
             p.wait()
-        procs = start_holders(b, holders, gib, ignore_term=True)
+        procs = start_holders(b, sizes, ignore_term=True)
         bystander = start_bystander()
         wall, to_kill = _timed_reap(cli)
         out["bystander_killed"].append(float(bystander_killed(bystander)))
@@ -266,8 +267,8 @@ def end_to_end(b, trials: int, holders: int, gib: float) -> dict[str, list[float
     return out
 
 
-def killall_walls(b, killall: Path, trials: int, holders: int,  # type: ignore[no-untyped-def]
-                  gib: float, bystander: bool) -> tuple[list[float], str, int]:
+def killall_walls(b, killall: Path, trials: int, sizes: list[float],  # type: ignore[no-untyped-def]
+                  bystander: bool) -> tuple[list[float], str, int]:
     """SGLang's killall.py against the holders end_to_end() gives reap:
     its wall (process start to exit), each trial.  It picks the GPUs by
     index from CUDA_VISIBLE_DEVICES, kills what nvidia-smi lists on them and
@@ -277,7 +278,7 @@ def killall_walls(b, killall: Path, trials: int, holders: int,  # type: ignore[n
     env = dict(os.environ, CUDA_VISIBLE_DEVICES=str(b.gpus()[0].index), PYTHONIOENCODING="utf-8")
     walls, killed = [], 0
     for _ in range(trials):
-        procs = start_holders(b, holders, gib, ignore_term=True)
+        procs = start_holders(b, sizes, ignore_term=True)
         other = start_bystander() if bystander else None
         t = time.monotonic()
         done = subprocess.run([sys.executable, str(killall)], env=env,
@@ -333,7 +334,9 @@ def main() -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--trials", type=int, default=20)
     p.add_argument("--holders", type=int, default=2)
-    p.add_argument("--gib", type=float, default=20.0, help="GPU memory per holder (NVML)")
+    p.add_argument("--gib", default="20",
+                   help="GPU memory per holder (NVML), GiB: one figure for --holders of that "
+                        "size, or one per holder (\"10,6\": issue 21's scene, a 10 GB and a 6 GB)")
     p.add_argument("--idle", type=int, default=10000)
     p.add_argument("--killall", type=Path, metavar="PATH",
                    help="SGLang's sglang/cli/killall.py: run on the same holders, side by "
@@ -343,6 +346,9 @@ def main() -> int:
                    help="without --killall: SGLang killall.py's wall on the same holders as "
                         "recorded once (one H200, 2026-12-01, 5.33-5.37 s)")
     args = p.parse_args()
+    sizes = [float(x) for x in args.gib.split(",")]
+    if len(sizes) == 1:
+        sizes *= args.holders
     with tempfile.TemporaryDirectory() as tmp:
         try:
             b = backend()
@@ -354,10 +360,11 @@ def main() -> int:
             g._backend = None
             b = backend()
         print(f"backend: {b.name}; GPUs: {len(b.gpus())}; python {sys.version.split()[0]}")
-        rows = latency(b, args.trials, args.holders, args.gib)
+        rows = latency(b, args.trials, sizes)
         ret = sorted(r["return_after_last_ms"] for r in rows)
-        print(f"\n1. reap return latency, {args.trials} trials, {args.holders} holder(s)"
-              + (f" of {args.gib:g} GiB each" if isinstance(b, NvmlBackend) else ""))
+        print(f"\n1. reap return latency, {args.trials} trials, {len(sizes)} holder(s)"
+              + (f" of {'+'.join(f'{s:g}' for s in sizes)} GiB" if isinstance(b, NvmlBackend)
+                 else ""))
         print("   after the last holder was gone"
               + (" and its memory back" if isinstance(b, NvmlBackend) else "")
               + f": median {statistics.median(ret):.2f} ms, max {ret[-1]:.2f} ms "
@@ -371,11 +378,11 @@ def main() -> int:
         print(f"   whole reap (TERM to return): median {statistics.median(r['total_ms'] for r in rows):.1f} ms")
         print(f"   anchors: `sleep 2` script 2000 ms -> {2000 / max(statistics.median(ret), 0.01):.0f}x slower; "
               f"/proc poll every 100 ms ~50 ms average -> {50 / max(statistics.median(ret), 0.01):.0f}x")
-        e2e = end_to_end(b, args.trials, args.holders, args.gib)
+        e2e = end_to_end(b, args.trials, sizes)
         med = {k: statistics.median(v) * 1000 for k, v in e2e.items()}
         goal = med["teardown"] + med["floor"] + 30
         print(f"\n2. end to end: `infer-units reap --gpus 0 --term-grace 0s` as a process started as "
-              f"the .deb's launcher starts it, {args.trials} trials, {args.holders} TERM-ignoring holder(s)")
+              f"the .deb's launcher starts it, {args.trials} trials, {len(sizes)} TERM-ignoring holder(s)")
         for k, what in (("wall", "reap's wall (process start to exit)"),
                         ("to_kill", "  start to its first SIGKILL"),
                         ("after_kill", "  first SIGKILL to exit"),
@@ -403,7 +410,7 @@ def main() -> int:
             try:
                 for bystander in (False, True):     # the goal's scene last: the issue's
                     walls, verdict, killed = killall_walls(
-                        b, args.killall, args.killall_trials, args.holders, args.gib, bystander)
+                        b, args.killall, args.killall_trials, sizes, bystander)
                     killall_ms = statistics.median(walls) * 1000
                     how = (f"run here on the same holders{' and bystander' if bystander else ''}, "
                            f"{len(walls)} trials, min {min(walls):.2f} s, max {max(walls):.2f} s; "

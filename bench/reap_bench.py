@@ -330,6 +330,11 @@ def decision_cost(b, runs: int = 15) -> tuple[float, float]:  # type: ignore[no-
     return statistics.median(ours) * 1000, statistics.median(fuser) * 1000
 
 
+def _ratio(x: float) -> str:
+    """One decimal, rounded down: 19.96x printed as "20.0x" would read as met."""
+    return f"{int(x * 10) / 10:.1f}"
+
+
 def main() -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--trials", type=int, default=20)
@@ -398,18 +403,16 @@ def main() -> int:
         print(f"   wall - teardown - floor = {med['wall'] - med['teardown'] - med['floor']:.1f} ms; "
               f"goal wall <= teardown + floor + 30 = {goal:.1f} ms: "
               f"{'met' if med['wall'] <= goal else 'NOT met'}")
-        # One decimal, rounded down, and the verdict: 19.5x printed as "20x"
-        # read as met.
-        killed = int(sum(e2e["bystander_killed"]))
+        reap_killed = int(sum(e2e["bystander_killed"]))
         print(f"   a bystander (`python3 -c ... {' '.join(BYSTANDER[1:])}`, no GPU) beside each "
-              f"reap: killed {killed} of {args.trials} times (goal 0)")
+              f"reap: killed {reap_killed} of {args.trials} times (goal 0)")
         killall_ms, how = args.killall_s * 1000, "recorded, not run here"
         if args.killall and not (isinstance(b, NvmlBackend) and shutil.which("nvidia-smi")):
             how += " (--killall needs NVML and nvidia-smi)"
         elif args.killall:
             try:
                 for bystander in (False, True):     # the goal's scene last: the issue's
-                    walls, verdict, killed = killall_walls(
+                    walls, verdict, killall_killed = killall_walls(
                         b, args.killall, args.killall_trials, sizes, bystander)
                     killall_ms = statistics.median(walls) * 1000
                     how = (f"run here on the same holders{' and bystander' if bystander else ''}, "
@@ -417,15 +420,15 @@ def main() -> int:
                            f"it said \"{verdict}\"")
                     if not bystander:
                         print(f"   SGLang killall.py without the bystander: {how}: "
-                              f"{killall_ms / med['wall']:.1f}x reap's wall")
+                              f"{_ratio(killall_ms / med['wall'])}x reap's wall")
                     else:
-                        how += f"; the bystander killed {killed} of {len(walls)} times"
+                        how += f"; the bystander killed {killall_killed} of {len(walls)} times"
             except (RuntimeError, OSError) as e:
                 killall_ms, how = args.killall_s * 1000, "recorded, not run here"
                 print(f"   killall.py failed, the recorded wall stands in: {e}")
         faster = killall_ms / med['wall']
         print(f"   vs SGLang killall.py {killall_ms / 1000:.2f} s ({how}): "
-              f"{int(faster * 10) / 10:.1f}x faster (goal >= 20x: "
+              f"{_ratio(faster)}x faster (goal >= 20x: "
               f"{'met' if faster >= 20 else 'NOT met'})")
         print(f"\n3. deciding whom to reap vs `fuser {' '.join(b.device_files()[:3])}...`")
         quiet = decision_cost(b)

@@ -24,8 +24,9 @@ from the hook's first look at the port (its first "waiting for" line), so
 the first second's faster polls count, spread over --wait.  Lag: the hook's
 exit minus the moment the server could first answer 2xx (vLLM: it starts
 listening; llama.cpp: /health turns 200), median and max of --runs, the
-server ready 1-2 s after the hook's start, and for "bound" also 0.4-0.9 s
-after it (a small model or a restart: the first second's polls).  DESIGN's
+server ready from 1 s after the hook is started on (0.137 s later each run),
+and for "bound" also 0.4-0.9 s after it (a small model or a restart: the
+first second's polls).  DESIGN's
 goals: under 1% of one core (0.1 s per 10 s), the unit active within 100 ms
 of the first 2xx.
 """

@@ -26,9 +26,8 @@ exit minus the moment the server could first answer 2xx (vLLM: it starts
 listening; llama.cpp: /health turns 200), median and max of --runs, the
 server ready from 1 s after the hook is started on (0.137 s later each run),
 and for "bound" also 0.4-0.9 s after it (a small model or a restart: the
-first second's polls).  DESIGN's
-goals: under 1% of one core (0.1 s per 10 s), the unit active within 100 ms
-of the first 2xx.
+first second's polls).  DESIGN's goals: under 1% of one core (0.1 s per
+10 s), the unit active within 100 ms of the first 2xx.
 """
 
 from __future__ import annotations
@@ -157,18 +156,17 @@ def cpu(tree: Path, scenario: str, wait: float, first_second: bool = False) -> f
                              *INTERVAL],
                             env=env, cwd=tree, stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE if first_second else subprocess.DEVNULL)
-    started = time.monotonic()
     try:
         if first_second:
             assert proc.stderr is not None
             line = proc.stderr.readline()     # "... not listening yet": its first poll is done
             if b"waiting for" not in line:
                 raise RuntimeError(f"wait-ready said {line!r} first")
-            started = time.monotonic() - SETTLE_S
         else:
             time.sleep(SETTLE_S)
+        measured_from = time.monotonic()
         before = ran_ns(proc.pid)
-        time.sleep(started + SETTLE_S + wait - time.monotonic())
+        time.sleep(measured_from + wait - time.monotonic())
         after = ran_ns(proc.pid)
         if proc.poll() is not None:
             raise RuntimeError(f"wait-ready exited early ({proc.returncode})")

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from .support import PYTHON, FakeGpus, base_env, run_cli
+from ..support import PYTHON, FakeGpus, base_env, run_cli
 
 
 def one_line_error(done, code: int = 1) -> str:

@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from .support import PYTHON, FakeGpus, base_env, run_cli
+from ..support import PYTHON, FakeGpus, base_env, run_cli
 
 # ------------------------------------------------------------------ fixtures
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from .support import PYTHON, FakeGpus, base_env, run_cli, run_generator
+from ..support import PYTHON, FakeGpus, base_env, run_cli, run_generator
 
 VICTIM_TEXT = "root's secret, 0600\n"
 

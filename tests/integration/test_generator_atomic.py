@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from .support import PYTHON, base_env
+from ..support import PYTHON, base_env
 
 # A unit well over 1 KiB: the env table makes it long.
 MODEL = ('engine = "command"\ncommand = ["/opt/srv/serve"]\ngpus = [0]\n'

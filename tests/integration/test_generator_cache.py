@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from .support import run_generator
-from .test_generator_cases import case_names, check_golden, prepare
+from ..support import run_generator
+from ..unit.test_generator_cases import case_names, check_golden, prepare
 
 
 def tree(out: Path) -> dict[str, str]:
@@ -134,7 +134,7 @@ def test_a_run_into_another_directory_replays_but_not_with_other_arguments(
     the key (systemd passes three, a person one)."""
     import subprocess
 
-    from .support import PYTHON, base_env
+    from ..support import PYTHON, base_env
     if os.geteuid() != 0:
         pytest.skip("the cache is root's: as another user the generator never reads one")
     _etc, dirs = two_models(tmp_path)

@@ -15,7 +15,7 @@ import pytest
 
 from infer_units.helpers import hookenv
 
-from .support import PYTHON, ROOT, FakeGpus, base_env, run_cli, wait_until
+from ..support import PYTHON, ROOT, FakeGpus, base_env, run_cli, wait_until
 
 LAUNCHER = ROOT / "packaging/infer-units"
 # The .deb's /usr/bin/infer-units, run from this checkout: its own text, under

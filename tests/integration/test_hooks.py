@@ -14,9 +14,9 @@ import time
 from pathlib import Path
 
 
-from .support import PYTHON, FakeGpus, base_env, run_cli
+from ..support import PYTHON, FakeGpus, base_env, run_cli
 
-FAKE_TORCH = Path(__file__).parent / "fake_torch"
+FAKE_TORCH = Path(__file__).parents[1] / "fake_torch"
 
 
 def free_port() -> int:
@@ -259,7 +259,7 @@ def test_settings_reference_lists_every_key() -> None:
 def test_readme_key_table_is_generated_from_the_settings() -> None:
     reference = subprocess.run([PYTHON, "-m", "infer_units.generator.settings"],
                                capture_output=True, text=True, env=base_env(), check=True).stdout
-    readme = (Path(__file__).parent.parent / "README.md").read_text(encoding="utf-8")
+    readme = (Path(__file__).parents[2] / "README.md").read_text(encoding="utf-8")
     assert reference.strip() in readme, "README's key table is stale: paste " \
         "`python3 -m infer_units.generator.settings` into it"
 

@@ -14,8 +14,8 @@ from typing import Callable
 
 import pytest
 
-from .support import PYTHON, base_env, run_cli
-from .unitfile import environment, exec_argv, values
+from ..support import PYTHON, base_env, run_cli
+from ..unitfile import environment, exec_argv, values
 
 GOOD = 'engine = "command"\ncommand = ["/opt/srv/serve"]\ngpus = [7]\n'
 BASE = 'engine = "sglang"\nmodel = "/m"\ngpus = [0]\nport = 8000\n'

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from .support import PYTHON, FakeGpus, base_env, run_cli, wait_until
+from ..support import PYTHON, FakeGpus, base_env, run_cli, wait_until
 
 SYSTEMD_V1 = Path("/sys/fs/cgroup/systemd")
 TAG = f"t{os.getpid()}"

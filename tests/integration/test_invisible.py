@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from .support import PYTHON, FakeGpus, run_cli, wait_until
+from ..support import PYTHON, FakeGpus, run_cli, wait_until
 
 SYSTEMD_V1 = Path("/sys/fs/cgroup/systemd")
 

@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from .support import PYTHON, base_env, wait_until
+from ..support import PYTHON, base_env, wait_until
 
 # A loading server that ignores SIGTERM (vLLM 0.32 did, 20-25 s into its load).
 DEAF_SERVER = ("import signal, sys, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
@@ -58,8 +58,8 @@ def test_sigterm_while_loading_kills_the_server_and_exits_0() -> None:
 def _generated_wait_ready(tmp_path, port: int, pid: int) -> list[str]:
     """wait-ready's command line as the generator writes it into a unit, with
     this tree's CLI for /usr/bin/infer-units and the server's pid for $MAINPID."""
-    from .support import run_generator
-    from .unitfile import exec_argv, values
+    from ..support import run_generator
+    from ..unitfile import exec_argv, values
     etc = tmp_path / "etc"
     etc.mkdir()
     (etc / "m.toml").write_text(f'engine = "command"\ncommand = ["/bin/true"]\nport = {port}\n')

@@ -14,7 +14,7 @@ from pathlib import Path
 import click
 import pytest
 
-from .support import PYTHON, ROOT, FakeGpus, base_env, run_cli, wait_until
+from ..support import PYTHON, ROOT, FakeGpus, base_env, run_cli, wait_until
 
 MODEL = 'engine = "command"\ncommand = ["/bin/true"]\ngpus = [{gpu}]\nport = {port}\n'
 

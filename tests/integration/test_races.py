@@ -15,7 +15,7 @@ import pytest
 
 from infer_units.helpers.facts.gpus import FakeBackend, GpuUse
 from infer_units.helpers.act.reaper import Reaper, ReapPolicy
-from .support import PYTHON, FakeGpus, run_cli, wait_until
+from ..support import PYTHON, FakeGpus, run_cli, wait_until
 
 SYSTEMD_V1 = Path("/sys/fs/cgroup/systemd")
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from .support import FakeGpus, run_cli, wait_until
+from ..support import FakeGpus, run_cli, wait_until
 
 SYSTEMD_V1 = Path("/sys/fs/cgroup/systemd")
 FREEZER_V1 = Path("/sys/fs/cgroup/freezer")

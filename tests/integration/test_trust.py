@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from .support import ATTACKER, FakeGpus, base_env, run_cli
+from ..support import ATTACKER, FakeGpus, base_env, run_cli
 
-FAKE_TORCH = Path(__file__).parent / "fake_torch"
+FAKE_TORCH = Path(__file__).parents[1] / "fake_torch"
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root to create a user")
 
@@ -125,7 +125,7 @@ def test_p2p_selftest_as_root_model_drops_to_nobody_and_root_venv_works(
 def test_cli_launcher_ignores_the_environment_a_unit_passes(public: Path) -> None:
     """/usr/bin/infer-units (packaging/infer-units) runs isolated: a [env]
     PYTHONPATH pointing at a user's directory does not run their code."""
-    launcher = Path(__file__).parent.parent / "packaging" / "infer-units"
+    launcher = Path(__file__).parents[2] / "packaging" / "infer-units"
     marker = public / "ran"
     (public / "sitecustomize.py").write_text(f"open({str(marker)!r}, 'w').write('pwned')\n")
     (public / "usercustomize.py").write_text(f"open({str(marker)!r}, 'w').write('pwned')\n")

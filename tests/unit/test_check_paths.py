@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from .support import base_env, run_cli
+from ..support import base_env, run_cli
 
 MODEL = 'engine = "command"\ncommand = ["{program}", "--x"]\ngpus = [{gpu}]\nport = {port}\n'
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from .support import PYTHON, base_env, run_cli
+from ..support import PYTHON, base_env, run_cli
 
 MAIN = '''engine = "sglang"
 model = "/models/q"

@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from .unitfile import exec_argv, values as unit_values
+from ..unitfile import exec_argv, values as unit_values
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tools"))
 
 import engine_parsers  # noqa: E402

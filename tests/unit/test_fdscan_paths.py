@@ -12,7 +12,7 @@ import os
 import subprocess
 import time
 
-from .support import PYTHON, FakeGpus, run_cli
+from ..support import PYTHON, FakeGpus, run_cli
 
 HOLD = "import sys, time; f = open(sys.argv[1], 'rb'); print('ready', flush=True); time.sleep(600)"
 

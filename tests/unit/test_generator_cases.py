@@ -38,11 +38,11 @@ from pathlib import Path
 
 import pytest
 
-from .support import run_generator
-from .unitfile import environment, exec_argv, values
+from ..support import run_generator
+from ..unitfile import environment, exec_argv, values
 
-CASES = Path(__file__).parent / "cases"
-GOLDEN = Path(__file__).parent / "golden"
+CASES = Path(__file__).parents[1] / "cases"
+GOLDEN = Path(__file__).parents[1] / "golden"
 LEVELS = ("run", "etc", "local", "lib")
 
 

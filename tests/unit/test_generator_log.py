@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from infer_units.generator.log import REPORT_UNIT, GeneratorLog, open_kmsg
-from .support import PYTHON, base_env
-from .unitfile import split_words, values
+from ..support import PYTHON, base_env
+from ..unitfile import split_words, values
 
 MESSAGE = '/etc/infer-units/bad.toml: command: expected an array of strings, got str (no unit generated)'
 TRICKY = 'x.toml: "quoted" $HOME 100% back\\slash'
@@ -137,6 +137,6 @@ def test_a_journal_line_is_one_write_and_a_closed_stderr_is_no_error() -> None:
         "assert s.writes == ['<5>infer-units: two lines\\n'], s.writes\n"
         "sys.stderr = None; say(5, 'to stdout')\n"
         "sys.stdout.flush(); sys.stdout = None; say(5, 'nowhere')\n"),
-        str(Path(__file__).resolve().parents[1])], capture_output=True, text=True, timeout=60)
+        str(Path(__file__).resolve().parents[2])], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip().endswith("infer-units: to stdout"), done.stdout

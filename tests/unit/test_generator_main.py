@@ -8,7 +8,7 @@ import stat
 import subprocess
 from pathlib import Path
 
-from .support import PYTHON, base_env
+from ..support import PYTHON, base_env
 
 GOOD = 'engine = "command"\ncommand = ["/bin/serve"]\ngpus = [0]\n'
 BAD = 'engine = "command"\ncommand = "not a list"\n'

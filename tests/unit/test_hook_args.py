@@ -16,7 +16,7 @@ import pytest
 from infer_units.helpers.hooks import args as hook_args
 from infer_units.helpers.hooks import reap, unit
 
-from .support import PYTHON, ROOT, base_env
+from ..support import PYTHON, ROOT, base_env
 
 
 class _Captured(Exception):

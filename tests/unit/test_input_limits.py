@@ -11,8 +11,8 @@ import pytest
 from infer_units.generator.atomicfile import write_file
 from infer_units.generator.loader import NAME_MAX, TEMP_EXTRA
 
-from .support import base_env, run_cli, run_generator
-from .unitfile import values
+from ..support import base_env, run_cli, run_generator
+from ..unitfile import values
 
 COMMAND = 'engine = "command"\ncommand = ["/opt/srv/serve"]\ngpus = [0]\nport = 8000\n'
 # a probe timeout beyond the template's 300s: the generator writes

@@ -11,7 +11,7 @@ import pytest
 
 from infer_units.helpers.cli.root import all_commands
 
-from .support import FakeGpus, base_env, run_cli
+from ..support import FakeGpus, base_env, run_cli
 
 
 def one_document(done, code: int = 1) -> dict:

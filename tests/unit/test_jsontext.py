@@ -23,7 +23,7 @@ from hypothesis.configuration import set_hypothesis_home_dir  # noqa: E402
 
 set_hypothesis_home_dir(os.path.join(tempfile.gettempdir(), "infer-units-hypothesis"))
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 scalars = (st.none() | st.booleans() | st.integers(-(1 << 70), 1 << 70)
            | st.floats(allow_nan=True, allow_infinity=True) | st.text())

@@ -21,8 +21,8 @@ import pytest
 
 from infer_units.helpers.act import liveness as lv
 from infer_units.helpers.act import metrics
-from .support import base_env, run_cli
-from .unitfile import exec_argv, values
+from ..support import base_env, run_cli
+from ..unitfile import exec_argv, values
 
 
 class Health:
@@ -527,7 +527,7 @@ def test_interval_dropin_resets_the_timers_once_then_sets_both(tmp_path: Path) -
     the unit, so a second reset would drop the first setting (the timer then
     never fires: seen under systemd 252)."""
     from infer_units.generator.build import load_all, render_checked
-    from .unitfile import parse_unit
+    from ..unitfile import parse_unit
     conf = tmp_path / "conf"
     conf.mkdir()
     (conf / "m.toml").write_text('engine = "vllm"\nmodel = "/m"\ngpus = [0]\nport = 8000\n'

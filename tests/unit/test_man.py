@@ -13,7 +13,7 @@ from pathlib import Path
 import click
 import pytest
 
-from .support import PYTHON, ROOT, base_env
+from ..support import PYTHON, ROOT, base_env
 
 PAGES = ("infer-units.1", "infer-units.toml.5", "infer-units-generator.8")
 

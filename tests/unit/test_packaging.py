@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from infer_units.generator.paths import DEB_CLI, installed_cli
-from .support import ROOT, base_env
-from .unitfile import split_words, values
+from ..support import ROOT, base_env
+from ..unitfile import split_words, values
 
 SYSTEM_PYTHON = "/usr/bin/python3"
 MODEL = 'engine = "command"\ncommand = ["/bin/serve"]\ngpus = [0]\nport = 18400\n'

@@ -10,7 +10,7 @@ import subprocess
 from pathlib import Path
 
 from infer_units.helpers.facts.gpus import ProcBackend, select
-from .support import PYTHON
+from ..support import PYTHON
 
 INFO = """Model: \t\t NVIDIA H200
 IRQ:   \t\t 94

@@ -12,7 +12,7 @@ from typing import Any
 
 import click
 
-from .support import PYTHON, ROOT, FakeGpus, base_env
+from ..support import PYTHON, ROOT, FakeGpus, base_env
 
 HELPERS = ROOT / "infer_units" / "helpers"
 ROOMS = ["facts", "decide", "act", "hooks", "cli"]

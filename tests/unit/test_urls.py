@@ -25,8 +25,8 @@ from infer_units.generator.urls import parse_host_port, parse_url
 from infer_units.helpers import argtypes
 from infer_units.helpers.act.rendezvous import split_addr
 
-from .support import base_env, run_cli
-from .unitfile import exec_argv, values
+from ..support import base_env, run_cli
+from ..unitfile import exec_argv, values
 
 hypothesis = pytest.importorskip("hypothesis")
 from hypothesis import HealthCheck, example, given, settings, strategies as st  # noqa: E402

@@ -14,11 +14,11 @@ from pathlib import Path
 
 import pytest
 
-from .support import run_generator
+from ..support import run_generator
 from .test_generator_cases import case_names, prepare
-from .unitfile import exec_argv, parse_unit, values
+from ..unitfile import exec_argv, parse_unit, values
 
-SHIPPED = Path(__file__).resolve().parents[1] / "units/systemd"
+SHIPPED = Path(__file__).resolve().parents[2] / "units/systemd"
 
 ANALYZE = shutil.which("systemd-analyze")
 pytestmark = pytest.mark.skipif(not ANALYZE or not Path("/usr/lib/systemd/system").is_dir(),
@@ -113,7 +113,7 @@ def test_hostile_but_accepted_corpus_passes_verify(tmp_path: Path, verify_root: 
     ACCEPTED: newlines in drop-in names and argv, control characters in env
     values, microsecond and ten-year durations, ...) under a config directory
     whose path holds '%' and a space (SourcePath= expands specifiers)."""
-    from .test_hostile_inputs import ACCEPTED, env_for, make_tree
+    from ..integration.test_hostile_inputs import ACCEPTED, env_for, make_tree
     root = tmp_path / "conf 100%n"
     root.mkdir()
     etc, units = make_tree(root, ACCEPTED)

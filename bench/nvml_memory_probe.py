@@ -4,7 +4,7 @@ unaccounted-memory check subtracts (helpers/facts/gpumemory.py).
 
 Run on a GPU host: python3 bench/nvml_memory_probe.py /path/to/torch/python
 (ctypes only; LD_LIBRARY_PATH must find libnvidia-ml.so.1).  Result on H200:
-bench/results/2026-11-30-h200/nvml-memory.txt."""
+docs/performance.md, "Facts the code is built on"."""
 import ctypes as C,subprocess as S,sys,time
 n=C.CDLL("libnvidia-ml.so.1");n.nvmlInit_v2();M=1<<20
 class V2(C.Structure):_fields_=[("v",C.c_uint),("t",C.c_ulonglong),("r",C.c_ulonglong),("f",C.c_ulonglong),("u",C.c_ulonglong)]

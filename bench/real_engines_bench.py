@@ -2,7 +2,7 @@
 """Lifecycle figures of the generated units with the real servers, under real systemd.
 
     sudo /usr/bin/python3 bench/real_engines_bench.py [--suite bookworm] [--runs 1]
-        [--out bench/results/2026-12-01-real-engines]
+        [--out DIR]
 
 In a container of the suite (tests/e2e/container.py) with the .deb installed
 and the real engines of tools/engines/build (tests/e2e/real_engines.py), a

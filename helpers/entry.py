@@ -13,17 +13,10 @@ import os
 import sys
 
 from ..generator.leave import leave as _exit   # flush stdio, then posix._exit
-from .commands import BUS_FIRST, FAST, HOOKS, NVML_FIRST
+from .commands import FAST, HOOKS
 
 def _asks_help(argv: list[str]) -> bool:
     return bool({"-h", "--help"} & set(argv))
-
-
-def _warm_nvml(argv: list[str]) -> None:
-    if argv[0] in NVML_FIRST and any(a == "--gpus" or a.startswith("--gpus=") for a in argv) \
-            and not _asks_help(argv):
-        from .facts.gpus import warm_nvml
-        warm_nvml()
 
 
 def _run(scrub_hooks: bool) -> None:
@@ -36,14 +29,8 @@ def _run(scrub_hooks: bool) -> None:
             hookenv.scrub()
         else:
             hookenv.trust_caller()
-        _warm_nvml(argv)                 # after the scrub: it decides INFER_UNITS_FAKE_GPUS
-        if argv[0] in BUS_FIRST and not _asks_help(argv):
-            from .facts.systemd import warm_bus
-            warm_bus()
         from .hooks.unit import run
         _exit(run(argv))
-    if argv:
-        _warm_nvml(argv)
     if argv and argv[0] in FAST and not _asks_help(argv) \
             and "_INFER_UNITS_COMPLETE" not in os.environ:
         import importlib

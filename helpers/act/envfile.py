@@ -5,9 +5,7 @@ from __future__ import annotations
 
 from ...generator.atomicfile import UnsafePath, read_text, write_file
 
-TYPE_CHECKING = False
-if TYPE_CHECKING:
-    from ..facts.gpus import Gpu
+from ..facts.gpus import Gpu
 
 
 class EnvFileError(Exception):

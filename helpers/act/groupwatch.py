@@ -31,9 +31,7 @@ import socket
 import sys
 import time
 
-TYPE_CHECKING = False
-if TYPE_CHECKING:
-    from typing import Any
+from typing import Any
 
 POLL_S = 1.0
 ESTABLISHED = "01"
@@ -72,7 +70,7 @@ def established(tables: tuple[str, ...] = TABLES) -> list[tuple[tuple[str, int],
 
 def resolve(host: str) -> set[str]:
     try:
-        return {info[4][0] for info in socket.getaddrinfo(host, None, proto=socket.IPPROTO_TCP)}
+        return {str(info[4][0]) for info in socket.getaddrinfo(host, None, proto=socket.IPPROTO_TCP)}
     except OSError:
         return set()
 

@@ -14,11 +14,13 @@ is asked through facts/systemd.py (Liveness).
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 import time
+from dataclasses import dataclass
+from typing import Any
 
-from .. import jsontext
 from ...generator.atomicfile import read_text, write_file
 from ...generator.durations import format_seconds
 from ...generator.liveness import cap_marker, state_dir
@@ -26,9 +28,6 @@ from ...generator.log import JOURNAL_SOCKET, journal_send, say
 from ..facts.probe import Answer, http_probe  # re-exported: the one probe
 from ..facts.systemd import ModelState
 
-TYPE_CHECKING = False
-if TYPE_CHECKING:
-    from typing import Any
 
 # syslog priorities
 ERR, WARNING, NOTICE, INFO = 3, 4, 5, 6
@@ -51,32 +50,28 @@ def state_path(unit: str, directory: str | None = None) -> str:
 
 def load_state(path: str) -> dict[str, Any]:
     try:
-        state = jsontext.loads(read_text(path) or "{}")
+        state = json.loads(read_text(path) or "{}")
         return state if isinstance(state, dict) else {}
     except (OSError, ValueError):
         return {}
 
 
 def save_state(path: str, state: dict[str, Any]) -> None:
-    write_file(path, jsontext.dumps(state, indent=1, sort_keys=True), dir_mode=0o755)
+    write_file(path, json.dumps(state, indent=1, sort_keys=True), dir_mode=0o755)
 
 
 # ------------------------------------------------------------------ the decision
 
+@dataclass(frozen=True)
 class Config:
-    __slots__ = ("unit", "url", "interval", "failures", "timeout", "max_restarts",
-                 "restart_window", "post")
-
-    def __init__(self, unit: str, url: str, interval: float, failures: int, timeout: float,
-                 max_restarts: int, restart_window: float, post: str | None = None) -> None:
-        self.post = post        # a one-token completion to POST instead of a GET
-        self.unit = unit
-        self.url = url
-        self.interval = interval
-        self.failures = failures
-        self.timeout = timeout
-        self.max_restarts = max_restarts
-        self.restart_window = restart_window
+    unit: str
+    url: str
+    interval: float
+    failures: int
+    timeout: float
+    max_restarts: int
+    restart_window: float
+    post: str | None = None     # a one-token completion to POST instead of a GET
 
 
 OK, SKIP, COUNT, RESTART, CAP = "ok", "skip", "count", "restart", "cap"
@@ -241,7 +236,7 @@ def generation_probe(m: Any) -> tuple[str, str] | None:
     spec = ENGINE_SPECS[m.engine]
     name = (flag_value(m.args, spec.model_name_flag) if spec.model_name_flag else None) \
         or m.model or ""
-    return url, jsontext.dumps({"model": name, "prompt": "1", "max_tokens": 1, "temperature": 0})
+    return url, json.dumps({"model": name, "prompt": "1", "max_tokens": 1, "temperature": 0})
 
 
 def config_of_model(name: str) -> tuple[Config, dict[str, str]]:

@@ -12,18 +12,16 @@ not root's or is writable by group or others, as Debian's
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import sys
 import time
+from typing import Any
 
-from .. import jsontext
 from ...generator.atomicfile import ensure_dir, open_dir, read_text
 from ...generator.paths import run_dir
 
-TYPE_CHECKING = False     # typing costs a hook's start-up; annotations are strings here
-if TYPE_CHECKING:
-    from typing import Any
 
 STATE_DIR = os.environ.get("INFER_UNITS_STATE_DIR") or os.path.join(run_dir(), "state")
 TEXTFILE = "infer-units.prom"
@@ -31,7 +29,7 @@ TEXTFILE = "infer-units.prom"
 
 def _write_state(name: str, state: dict[str, Any]) -> None:
     with ensure_dir(STATE_DIR) as d:         # ours: 0755 whatever the umask
-        d.write(name, jsontext.dumps(state))
+        d.write(name, json.dumps(state))
 
 
 def _state_path(unit: str) -> str:
@@ -43,7 +41,7 @@ def load_state(unit: str) -> dict[str, Any]:
     JSON object, numbers that are not finite): metrics start again rather
     than fail a start, a stop or `status`."""
     try:
-        state = jsontext.loads(read_text(_state_path(unit)) or "{}")
+        state = json.loads(read_text(_state_path(unit)) or "{}")
     except (OSError, ValueError, RecursionError):
         return {}
     if not isinstance(state, dict):
@@ -135,7 +133,7 @@ def load_gpu_health() -> dict[str, Any]:
     """uuid (or "host") -> {"gpu": index, "checks": {check: -1|0|1|2}}; {} when
     missing or damaged."""
     try:
-        state = jsontext.loads(read_text(os.path.join(STATE_DIR, GPU_HEALTH_FILE)) or "{}")
+        state = json.loads(read_text(os.path.join(STATE_DIR, GPU_HEALTH_FILE)) or "{}")
     except (OSError, ValueError, RecursionError):
         return {}
     out: dict[str, Any] = {}

@@ -4,17 +4,18 @@ set of GPUs, and turn NCCL's P2P off for the unit when it fails."""
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import pwd
 import subprocess
 import sys
-from .. import jsontext
-from ..records import dataclass
+from dataclasses import dataclass
 
 from ...generator.atomicfile import read_text, write_file
 from ...generator.paths import run_dir
-from .envfile import update_env_file
 from ..facts.gpus import Gpu
+from .envfile import update_env_file
+
 
 CACHE_DIR = os.environ.get("INFER_UNITS_P2P_CACHE") or os.path.join(run_dir(), "p2p")
 SELFTEST = os.path.join(os.path.dirname(os.path.abspath(__file__)), "p2p_selftest.py")
@@ -116,7 +117,8 @@ def _run_selftest(python: str, gpus: list[Gpu], timeout: float, user: str | None
     if done.returncode != 0 or not lines:
         tail = (done.stderr.strip().splitlines() or ["no output"])[-1]
         return {"ok": False, "error": f"self-test exited {done.returncode}: {tail}", "ran": False}
-    return jsontext.loads(lines[-1])
+    report: dict[str, object] = json.loads(lines[-1])
+    return report
 
 
 # The unit's ExecStart expands this (unbraced $VAR: zero words when empty).
@@ -134,7 +136,7 @@ def check_p2p(gpus: list[Gpu], env_file: str | None, python: str,
     path = cache_path(gpus, _tester(python, user))
     boot = _boot_id()
     try:
-        cached = jsontext.loads(read_text(path) or "{}")
+        cached = json.loads(read_text(path) or "{}")
         if cached.get("boot_id") == boot:
             verdict = P2PVerdict(bool(cached["ok"]), True, str(cached["reason"]), cached["report"])
             _apply(verdict, env_file, off_args, off_env or {})
@@ -160,7 +162,7 @@ def check_p2p(gpus: list[Gpu], env_file: str | None, python: str,
             + str(p.get("error") or f"{p.get('mismatched_words')} words differ")
             for p in bad) or str(report.get("error"))
         verdict = P2PVerdict(False, False, f"peer copy failed: {detail}", report)
-    write_file(path, jsontext.dumps({"boot_id": boot, "ok": verdict.ok, "reason": verdict.reason,
+    write_file(path, json.dumps({"boot_id": boot, "ok": verdict.ok, "reason": verdict.reason,
                                  "report": verdict.report, "gpus": [g.uuid for g in gpus]}),
                dir_mode=0o755)
     _apply(verdict, env_file, off_args, off_env or {})

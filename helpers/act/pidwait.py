@@ -4,15 +4,9 @@ from __future__ import annotations
 
 import os
 import select
+import signal
 import time
-TYPE_CHECKING = False
-if TYPE_CHECKING:
-    import signal as _signal
-else:
-    import _signal      # not signal.py's enums: hooks/unit.py says why
-TYPE_CHECKING = False     # typing costs a hook's start-up; annotations are strings here
-if TYPE_CHECKING:
-    from typing import Callable, Iterable
+from collections.abc import Callable, Iterable
 
 from ..facts.procinfo import ProcInfo, read_stat
 
@@ -53,7 +47,7 @@ class PidSet:
 
     def signal(self, pid: int, signum: int) -> bool:
         try:
-            _signal.pidfd_send_signal(self.fds[pid], signum)
+            signal.pidfd_send_signal(self.fds[pid], signum)
             return True
         except ProcessLookupError:
             return False

@@ -10,14 +10,10 @@ import socket
 import time
 from collections.abc import Callable
 
+from dataclasses import dataclass
+
 from ...generator.urls import Url, parse_url
 from ..facts.probe import Session, http_probe, local_address
-from ..records import dataclass
-
-# At the hook's start, while the server loads: imported at the first request
-# instead, its ~30 ms (json, ...) came between the port's first accept and
-# the first 2xx, on top of the ready lag (bench/ready_bench.py, strace).
-from .liveness import http_probe
 from .progress import Progress
 
 

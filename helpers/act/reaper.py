@@ -11,12 +11,8 @@ from __future__ import annotations
 import os
 import sys
 import time
-TYPE_CHECKING = False
-if TYPE_CHECKING:
-    import signal as _signal
-else:
-    import _signal      # not signal.py's enums: hooks/unit.py says why
-from ..records import dataclass, field
+import signal
+from dataclasses import dataclass, field
 
 from .. import exitcodes
 from ..decide.attribution import (ANCESTOR, FOREIGN, IGNORED, OWN, SERVICE, Attribution, Holder,
@@ -41,7 +37,7 @@ KILLED_POLL_S = 0.005
 # off from CONFIRM_POLL_S): it belongs to processes we cannot wait on.
 UNACCOUNTED_POLL_MAX_S = 0.1
 # The only signals a reaper sends, by the names its journal lines give.
-SIGNAL_NAMES: dict[int, str] = {_signal.SIGTERM: "SIGTERM", _signal.SIGKILL: "SIGKILL"}
+SIGNAL_NAMES: dict[int, str] = {signal.SIGTERM: "SIGTERM", signal.SIGKILL: "SIGKILL"}
 # wait-free: how long memory may keep coming back after the unit's own
 # processes are gone before what is left is reported as someone else's.
 SETTLE_S = 0.3
@@ -251,7 +247,7 @@ class Reaper:
                     return
                 if policy.dry_run:
                     for h in to_kill:
-                        self._signal(pids, h, _signal.SIGTERM, h.why)
+                        self._signal(pids, h, signal.SIGTERM, h.why)
                     for h in to_wait:
                         _log(f"would wait for pid {h.info.pid}: {h.info.cmdline} -- {h.why}")
                     self.result.message = "dry run"
@@ -347,7 +343,7 @@ class Reaper:
         grace_end = min(deadline, time.monotonic() + self.policy.term_grace)
         for h in to_kill:
             if h.info.pid in pids.fds:
-                self._signal(pids, h, _signal.SIGTERM, h.why)
+                self._signal(pids, h, signal.SIGTERM, h.why)
         progress = Progress("waiting for GPU users to exit")
         started = time.monotonic()
 
@@ -363,7 +359,7 @@ class Reaper:
         killed = []
         for h in to_kill:
             if h.info.pid in pids.fds:
-                self._signal(pids, h, _signal.SIGKILL,
+                self._signal(pids, h, signal.SIGKILL,
                              f"still alive {self.policy.term_grace:g}s after SIGTERM")
                 killed.append(h)
         if killed and self.backend.cheap_users:

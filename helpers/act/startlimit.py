@@ -22,9 +22,7 @@ from __future__ import annotations
 
 import os
 
-TYPE_CHECKING = False     # collections.abc is a hook's import otherwise
-if TYPE_CHECKING:
-    from collections.abc import Callable
+from collections.abc import Callable
 
 
 def forgive_asked_start(unit: str, say: Callable[[str, int], None],

@@ -15,7 +15,7 @@ free", never "free".
 from __future__ import annotations
 
 import os
-from ..records import dataclass, field
+from dataclasses import dataclass, field
 
 from ...generator.settings import BUILTIN_IGNORE
 from ..facts.gpumemory import unaccounted

@@ -27,15 +27,16 @@ from __future__ import annotations
 
 import errno
 import fcntl
+import json
 import os
 import time
-from .. import jsontext
-from ..records import dataclass
+from dataclasses import dataclass
 
 from ...generator.atomicfile import UnsafePath, ensure_dir
 from ...generator.paths import run_dir
 from ..facts.gpus import Gpu
 from ..facts.procinfo import read_cgroup, read_stat, unit_of_cgroup
+
 
 LIVE_STATES = ("active", "activating", "deactivating", "reloading")
 LOCK_POLL_S = 0.005
@@ -59,7 +60,7 @@ class Claim:
     cgroup: str           # where it ran: the unit's cgroup when run as ExecStartPre
 
     def as_text(self) -> str:
-        return jsontext.dumps({"unit": self.unit, "pid": self.pid, "start_time": self.start_time,
+        return json.dumps({"unit": self.unit, "pid": self.pid, "start_time": self.start_time,
                            "cgroup": self.cgroup}) + "\n"
 
     @staticmethod
@@ -67,7 +68,7 @@ class Claim:
         if not text.strip():
             return None          # cleared (the usual case): no error to build
         try:
-            d = jsontext.loads(text)
+            d = json.loads(text)
             return Claim(str(d["unit"]), int(d["pid"]), int(d["start_time"]), str(d["cgroup"]))
         except (ValueError, KeyError, TypeError):
             return None          # empty (cleared) or damaged: no claim

@@ -13,12 +13,14 @@ the generator's light atomicfile and paths.
 
 from __future__ import annotations
 
+import json
 import os
 import time
+from typing import Any
 
-from .. import jsontext
 from ...generator.atomicfile import ensure_dir, read_text
 from ...generator.paths import run_dir
+
 
 NAME = "drain.fence"
 
@@ -31,7 +33,7 @@ class FenceError(Exception):
     pass
 
 
-def read() -> dict | None:
+def read() -> dict[str, Any] | None:
     """The fence's record, None when there is no fence.  A fence that exists
     but cannot be parsed is still a fence: FenceError."""
     p = path()
@@ -42,7 +44,7 @@ def read() -> dict | None:
     if text is None:
         return None
     try:
-        record = jsontext.loads(text)
+        record = json.loads(text)
         if not isinstance(record, dict) or not isinstance(record.get("stopped", []), list):
             raise ValueError("not a fence record")
         record.setdefault("stopped", [])
@@ -65,7 +67,7 @@ def refusal(unit: str | None) -> str | None:
             f"(fence {p}); run `infer-units resume` once the driver is back")
 
 
-def _old() -> dict:
+def _old() -> dict[str, Any]:
     try:
         return read() or {}
     except FenceError:
@@ -78,7 +80,7 @@ def merged(stopped: list[str]) -> list[str]:
     return list(dict.fromkeys([*_old().get("stopped", []), *stopped]))
 
 
-def write(stopped: list[str]) -> dict:
+def write(stopped: list[str]) -> dict[str, Any]:
     """Create or extend the fence (atomically: pre-start never reads half a file)."""
     old = _old()
     units = merged(stopped)
@@ -88,7 +90,7 @@ def write(stopped: list[str]) -> dict:
                                     time.strftime("%Y-%m-%d %H:%M:%S %Z", time.localtime(now))),
               "stopped": units, "by_pid": os.getpid()}
     with ensure_dir(run_dir()) as d:
-        d.write(NAME, jsontext.dumps(record, indent=2) + "\n", durable=True)
+        d.write(NAME, json.dumps(record, indent=2) + "\n", durable=True)
     return record
 
 

@@ -11,18 +11,14 @@ by the metrics file.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
 
 from ...generator.settings import HEALTH_CHECKS
 from ..facts.gpus import Backend, Gpu
 from ..facts.health import (ACS_CTRL_CMPLT_REDIR, ACS_CTRL_REQ_REDIR, GpuFacts, Kernel,
                           KernelLog, acs_control, read_config, xids_of)
-from ..records import dataclass
-
-# Not dataclasses' asdict/replace, nor typing: pre-start judges health on
-# every start, and those imports cost ~15 ms of it (bench/restart_bench.py).
-TYPE_CHECKING = False
-if TYPE_CHECKING:
-    from typing import Any
 
 OK, UNKNOWN, WARNING, ERROR = "ok", "unknown", "warning", "error"
 # Worst first; the metrics gauge's values (README "Metrics").
@@ -177,7 +173,7 @@ def judge_gpu(gpu: Gpu, got: GpuFacts, kernel: Kernel | None, log: KernelLog | N
 
 
 def _judge_xid(gpu: Gpu, listed: list[int] | None, why: str, log: KernelLog | None,
-               out: Any) -> Finding:
+               out: Callable[..., Finding]) -> Finding:
     xids: list[int] | None = listed
     source = "fake table"
     if xids is None:        # NVML cannot say since boot: the kernel log can
@@ -202,7 +198,7 @@ def _judge_xid(gpu: Gpu, listed: list[int] | None, why: str, log: KernelLog | No
 
 
 def _judge_hmm(addressing: str | None, why: str, kernel: Kernel | None, why_no_kernel: str,
-               out: Any) -> Finding:
+               out: Callable[..., Finding]) -> Finding:
     param = kernel.uvm_disable_hmm() if kernel is not None else None
     where = "/sys/module/nvidia_uvm/parameters/uvm_disable_hmm"
     fix = ("echo 'options nvidia_uvm uvm_disable_hmm=1' > /etc/modprobe.d/nvidia-uvm-hmm.conf; "

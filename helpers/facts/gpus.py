@@ -15,17 +15,11 @@ from __future__ import annotations
 import os
 import stat
 import sys
-from ..records import dataclass, field
-TYPE_CHECKING = False     # typing costs a hook's start-up; annotations are strings here
-if TYPE_CHECKING:
-    from typing import Any
+from dataclasses import dataclass, field
+from typing import Any
 
 from ...generator.settings import is_pci, normalize_pci
-
-TYPE_CHECKING = False
-if TYPE_CHECKING:
-    from ..background import Background
-    from .health import GpuFacts
+from .health import GpuFacts
 
 NVIDIA_PROC = "/proc/driver/nvidia/gpus"
 
@@ -77,7 +71,7 @@ class Backend:
         """Every device node whose holders keep the driver busy (for drain)."""
         raise NotImplementedError
 
-    def health_facts(self, gpu: Gpu) -> "GpuFacts":
+    def health_facts(self, gpu: Gpu) -> GpuFacts:
         """The GPU's health facts (healthfacts.py); unknown where not read."""
         from .health import HEALTHY, GpuFacts
         why = f"the {self.name} backend reads no health (no NVML)"
@@ -221,9 +215,9 @@ class FakeBackend(Backend):
             stamp = (st.st_mtime_ns, st.st_ino)
             if stamp == self._stamp:
                 return
-            from ..jsontext import loads     # the fake table only: not on NVML's path (reap)
+            import json
             with open(path, encoding="utf-8") as f:
-                table = loads(f.read())
+                table = json.loads(f.read())
             from .health import parse_fake_health
             gpus, extra, health = [], {}, {}
             driver = table.get("driver")
@@ -275,7 +269,7 @@ class FakeBackend(Backend):
     def device_files(self) -> list[str]:
         return [g.device for g in self._gpus]
 
-    def health_facts(self, gpu: Gpu) -> "GpuFacts":
+    def health_facts(self, gpu: Gpu) -> GpuFacts:
         from .health import fake_facts
         self._load()
         return fake_facts(self._health[gpu.index])
@@ -303,130 +297,20 @@ def _optional(value: object) -> int | None:
 # ------------------------------------------------------------------ NVML backend
 
 def _load_pynvml() -> Any:
-    with _StandIns(_pynvml_stand_ins()):
-        try:
-            import pynvml  # Debian-less hosts: pip's nvidia-ml-py
-            return pynvml
-        except ImportError:
-            pass
-        try:
-            from ..._vendor import pynvml  # type: ignore[attr-defined]  # bundled by the .deb
-            return pynvml
-        except ImportError:
-            return None
-
-
-# pynvml's import, 8,000 lines of ctypes declarations, also imports modules
-# for one name each, none of which reap's path needs otherwise: ctypes.util
-# (find_library, used only on Windows; it brings subprocess, shutil and
-# tempfile), string (capwords, called at import time; it brings re and enum),
-# threading (Lock, one made at import time) and functools (wraps, applied at
-# import time; it brings collections).  pynvml's load on reap's path on the
-# 2-core VM (2026-12-04): 10.5-13.0 ms with the real modules, 4.8-5.0 ms with
-# the stand-ins below; on the H200 host it was 15-26 ms of the 32-51 ms before
-# reap's first SIGKILL.  Each stand-in gives that one name, with the real
-# module's behaviour; anything else asked of it loads the real module.
-
-def _capwords(text: str, sep: str | None = None) -> str:
-    """string.capwords, as CPython's string.py defines it."""
-    return (sep or " ").join(word.capitalize() for word in text.split(sep))
-
-
-# functools.WRAPPER_ASSIGNMENTS (3.12 added __type_params__; a name the
-# wrapped function lacks is skipped, as update_wrapper skips it).
-_WRAPPER_ASSIGNMENTS = ("__module__", "__name__", "__qualname__", "__doc__",
-                        "__annotations__", "__type_params__")
-
-
-def _wraps(wrapped: Any, assigned: tuple[str, ...] = _WRAPPER_ASSIGNMENTS,
-           updated: tuple[str, ...] = ("__dict__",)) -> Any:
-    """functools.wraps: update_wrapper's copy, with the same arguments."""
-    def update(wrapper: Any) -> Any:
-        for name in assigned:
-            try:
-                value = getattr(wrapped, name)
-            except AttributeError:
-                continue
-            setattr(wrapper, name, value)
-        for name in updated:
-            getattr(wrapper, name).update(getattr(wrapped, name, {}))
-        wrapper.__wrapped__ = wrapped
-        return wrapper
-    return update
-
-
-def _find_library(name: str) -> str | None:
-    """ctypes.util.find_library: pynvml keeps this function, so it asks the
-    real module, loaded on this first use."""
-    found: str | None = _StandIns.real("ctypes.util").find_library(name)
-    return found
-
-
-def _pynvml_stand_ins() -> dict[str, dict[str, Any]]:
-    import _thread      # threading.Lock is this function
-    return {"ctypes.util": {"find_library": _find_library},
-            "string": {"capwords": _capwords},
-            "threading": {"Lock": _thread.allocate_lock},
-            "functools": {"wraps": _wraps}}
-
-
-class _StandIns:
-    """For the duration of one import (pynvml's), each module of `table` not
-    imported yet is a stand-in that holds the given names; asked for any other
-    name, it puts the real module in its place and answers from it.
-    Afterwards sys.modules gives every later importer the real modules; what
-    pynvml (or a module another thread imported meanwhile) holds stays the
-    stand-in, whose names behave as the real ones and which answers every
-    other name from the real module."""
-
-    def __init__(self, table: dict[str, dict[str, Any]]) -> None:
-        self.table = table
-        self.lent: dict[str, Any] = {}
-
-    def __enter__(self) -> None:
-        import types
-        for name, names in self.table.items():
-            if name in sys.modules:
-                continue
-            parent, _, child = name.rpartition(".")
-            if parent:
-                __import__(parent)
-            stand_in = types.ModuleType(name)
-            stand_in.__dict__.update(names)
-
-            def attribute(attr: str, name: str = name) -> Any:
-                if attr.startswith("__"):       # the import system's questions (__path__)
-                    raise AttributeError(attr)
-                return getattr(_StandIns.real(name), attr)
-            setattr(stand_in, "__getattr__", attribute)
-            sys.modules[name] = stand_in
-            if parent:
-                setattr(sys.modules[parent], child, stand_in)
-            self.lent[name] = stand_in
-
-    def __exit__(self, *exc: object) -> None:
-        for name, stand_in in self.lent.items():
-            _StandIns._withdraw(name, stand_in)
-
-    @staticmethod
-    def _withdraw(name: str, stand_in: Any = None) -> None:
-        """Take the stand-in (`stand_in`, or any) out of sys.modules and out of
-        its parent package, so that the next import loads the real module."""
-        module = sys.modules.get(name)
-        if module is not None and (module is stand_in or
-                                   (stand_in is None and module.__spec__ is None)):
-            del sys.modules[name]
-        parent, _, child = name.rpartition(".")
-        held = getattr(sys.modules.get(parent), child, None) if parent else None
-        if held is not None and (held is stand_in or (stand_in is None and held.__spec__ is None)):
-            delattr(sys.modules[parent], child)
-
-    @staticmethod
-    def real(name: str) -> Any:
-        """The real module `name`, imported now if a stand-in is in its place."""
-        _StandIns._withdraw(name)
-        import importlib
-        return importlib.import_module(name)
+    """nvidia-ml-py's pynvml: the copy the .deb bundles first (its version is
+    the one tested), else one installed beside us; None without either, and
+    the /proc backend answers.  Imported here, not at the top, so a command
+    that never asks NVML (the fake backend, a usage error) does not load it."""
+    try:
+        from ..._vendor import pynvml as vendored  # type: ignore[attr-defined,unused-ignore]
+        return vendored
+    except ImportError:
+        pass
+    try:
+        import pynvml
+        return pynvml
+    except ImportError:
+        return None
 
 
 def _nvml_init() -> tuple[Any, list[Any]] | None:
@@ -435,52 +319,8 @@ def _nvml_init() -> tuple[Any, list[Any]] | None:
     nvml = _load_pynvml()
     if nvml is None:
         return None
-    _warmed()
     nvml.nvmlInit()
     return nvml, [nvml.nvmlDeviceGetHandleByIndex(i) for i in range(nvml.nvmlDeviceGetCount())]
-
-
-# A fresh process's NVML start on one H200 (2026-12-02, .devscratch probe, in
-# process): pynvml's import 23 ms (8,000 lines, and ctypes.util with
-# subprocess, shutil, tempfile behind it), nvmlInit 10 ms, the GPU's first
-# handle (the driver attaching it) 7 ms.  The last two are the driver's ioctls,
-# which ctypes runs without the GIL: warm_nvml() starts them in a thread at the
-# top of a GPU command (helpers/entry.py), straight on the library, while the
-# command's modules and pynvml are imported.  NVML counts its inits and keeps
-# a GPU attached, so pynvml's own nvmlInit and handles then cost next to
-# nothing.  The warm-up's session is never shut down: the process ends first.
-_warming: list[Background] = []       # the warm-up, once started
-
-
-def warm_nvml() -> None:
-    """Begin NVML's init and each GPU's attach in the background."""
-    if _warming or os.environ.get("INFER_UNITS_FAKE_GPUS"):
-        return
-
-    def run() -> None:
-        try:
-            import ctypes
-            lib = ctypes.CDLL("libnvidia-ml.so.1")
-            if lib.nvmlInit_v2() == 0:
-                count, handle = ctypes.c_uint(0), ctypes.c_void_p()
-                if lib.nvmlDeviceGetCount_v2(ctypes.byref(count)) == 0:
-                    for i in range(count.value):
-                        lib.nvmlDeviceGetHandleByIndex_v2(i, ctypes.byref(handle))
-        except BaseException:       # noqa: BLE001 - no library, no driver: pynvml says so after
-            pass
-    from ..background import Background
-    _warming.append(Background(run))
-    # A command that ends without asking NVML (a usage error, click's path)
-    # leaves through the interpreter's finalisation: not while the thread is
-    # inside the driver.  (The hooks and reap leave with os._exit.)
-    import atexit
-    atexit.register(_warmed, 5.0)
-
-
-def _warmed(limit: float = -1) -> None:
-    """Wait for warm_nvml()'s thread, if one was started (at most limit seconds)."""
-    for warming in _warming:
-        warming.wait(limit)
 
 
 def _text(value: bytes | str) -> str:
@@ -533,7 +373,8 @@ class NvmlBackend(Backend):
 
     def memory_used_mib(self, index: int) -> int:
         """v1 used memory of one GPU (bench/reap_bench.py watches it)."""
-        return self.nvml.nvmlDeviceGetMemoryInfo(self._handles[index]).used // (1 << 20)
+        used: int = self.nvml.nvmlDeviceGetMemoryInfo(self._handles[index]).used
+        return used // (1 << 20)
 
     def memory(self, gpus: list[Gpu]) -> dict[int, tuple[int, int]]:
         """Version 2 separates the driver's reservation from "used" (H200,
@@ -562,7 +403,7 @@ class NvmlBackend(Backend):
     def device_files(self) -> list[str]:
         return _nvidia_device_files()
 
-    def health_facts(self, gpu: Gpu) -> "GpuFacts":
+    def health_facts(self, gpu: Gpu) -> GpuFacts:
         from .health import nvml_facts
         return nvml_facts(self.nvml, self._handles[gpu.index])
 

@@ -28,15 +28,12 @@ from __future__ import annotations
 
 import errno
 import os
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
 
 from ...generator.settings import normalize_pci
-from ..records import dataclass, field
 
-# typing, dataclasses and ctypes are not imported on pre-start's path: ~15 ms
-# of every restart (bench/restart_bench.py).
-TYPE_CHECKING = False
-if TYPE_CHECKING:
-    from typing import Any
 
 HEALTHY: dict[str, Any] = {
     "xid": [], "remapped_rows": {"pending": False, "failure": False},
@@ -133,7 +130,9 @@ def _nvml_call(nvml: Any, out: GpuFacts, key: str, name: str, fn: Any) -> Any:
 def nvml_facts(nvml: Any, handle: Any) -> GpuFacts:
     out = GpuFacts({k: None for k in HEALTHY})
     f = out.facts
-    call = lambda key, name, fn: _nvml_call(nvml, out, key, name, fn)  # noqa: E731
+
+    def call(key: str, name: str, fn: Callable[[], Any]) -> Any:
+        return _nvml_call(nvml, out, key, name, fn)
     rows = call("remapped_rows", "nvmlDeviceGetRemappedRows",
                 lambda: nvml.nvmlDeviceGetRemappedRows(handle))
     if rows is not None:

@@ -7,11 +7,9 @@ import os
 
 # The C module: socket.py would import enum and selectors, a fifth of
 # pre-start's imports (bench/restart_bench.py); its sockets are closed here.
-import _socket as socket
+import socket
 import time
-TYPE_CHECKING = False     # typing costs a hook's start-up; annotations are strings here
-if TYPE_CHECKING:
-    from typing import Callable
+from collections.abc import Callable
 
 from .procinfo import ProcInfo, read_proc
 

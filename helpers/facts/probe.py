@@ -19,17 +19,16 @@ from __future__ import annotations
 import socket
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from ...generator.urls import Url, parse_url
 
 
+@dataclass(frozen=True)
 class Answer:
-    __slots__ = ("ok", "text", "seconds")
-
-    def __init__(self, ok: bool, text: str, seconds: float) -> None:
-        self.ok = ok            # a 2xx status line within the timeout
-        self.text = text        # "HTTP 200", "HTTP 503", "no answer within 10s", ...
-        self.seconds = seconds
+    ok: bool            # a 2xx status line within the timeout
+    text: str           # "HTTP 200", "HTTP 503", "no answer within 10s", ...
+    seconds: float
 
 
 def http_probe(url: str | Url, timeout: float, body: str | None = None) -> Answer:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 import pwd
-from ..records import dataclass
+from dataclasses import dataclass
 
 # Command lines go into one journal line each: control characters escaped, as
 # the generator escapes paths and values in its messages.

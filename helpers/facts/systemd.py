@@ -15,10 +15,8 @@ from __future__ import annotations
 import os
 import time
 import _thread      # the lock of the private bus; threading would cost a hook its import
-from ..records import dataclass
-TYPE_CHECKING = False     # typing costs a hook's start-up; annotations are strings here
-if TYPE_CHECKING:
-    from typing import Any
+from dataclasses import dataclass
+from typing import Any
 
 
 class SystemdUnavailable(Exception):
@@ -264,15 +262,13 @@ def main_exit_status(invocation_id: str | None, pid: int | None, wait_s: float =
         time.sleep(0.05)
 
 
+@dataclass(frozen=True)
 class ModelState:
     """What systemd says about the model when a probe failed."""
-    __slots__ = ("active_state", "sub_state", "invocation", "job")
-
-    def __init__(self, active_state: str, sub_state: str, invocation: str, job: str) -> None:
-        self.active_state = active_state
-        self.sub_state = sub_state
-        self.invocation = invocation
-        self.job = job          # "" or the type of the job pending on it ("stop", ...)
+    active_state: str
+    sub_state: str
+    invocation: str
+    job: str            # "" or the type of the job pending on it ("stop", ...)
 
     @property
     def serving(self) -> bool:

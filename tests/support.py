@@ -26,9 +26,6 @@ def base_env(**extra: str) -> dict[str, str]:
     env.setdefault("SYSTEMD_LOG_TARGET", "console")
     # [nodes] ranks by host name: the tests' host is gpu-a.example, whatever this machine is
     env.setdefault("INFER_UNITS_HOSTNAME", "gpu-a.example")
-    # The generator's cache of the last run (generator/cache.py) is off unless a
-    # test turns it on: nothing of the tests lands in the host's /run.
-    env.setdefault("INFER_UNITS_GENERATOR_CACHE", "")
     env.update(extra)
     return env
 

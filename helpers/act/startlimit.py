@@ -13,8 +13,7 @@ counter (`systemctl reset-failed`, which also clears start-limit-hit), so a
 crash loop is still capped by systemd: five automatic restarts within a
 minute of the last asked-for start pass, the sixth is refused.
 
-The two questions go through facts/systemd.py (systemctl there: pystemd's
-import costs more than both).  Outside the unit's own cgroup, or not run by
+The two questions go through facts/systemd.py.  Outside the unit's own cgroup, or not run by
 systemd (no INVOCATION_ID), it does nothing.
 """
 
@@ -28,7 +27,7 @@ from collections.abc import Callable
 def forgive_asked_start(unit: str, say: Callable[[str, int], None],
                         environ: dict[str, str] | None = None) -> bool:
     """Reset the start-limit counter when this start is not an automatic
-    restart; True when it did.  Never fails the start: a systemctl that
+    restart; True when it did.  Never fails the start: a systemd that
     cannot answer leaves systemd's counting as it is, with a journal line."""
     env = os.environ if environ is None else environ
     # Only as that unit's own hook, run by systemd (its cgroup, as root; the
@@ -50,10 +49,9 @@ def forgive_asked_start(unit: str, say: Callable[[str, int], None],
 
 
 def forgive_asked_start_meanwhile(unit: str, say: Callable[[str, int], None]) -> Callable[[], bool]:
-    """forgive_asked_start in a thread, beside pre-start's checks: its connect,
-    AUTH and two calls are round trips to the manager that is running this
-    very start (~4-5 ms in the restart bench's container, on every start's
-    path); the checks need none of it.  Returns the function that waits for
+    """forgive_asked_start in a thread, beside pre-start's checks: its
+    questions are round trips to the manager that is running this very
+    start, and the checks need none of their answers.  Returns the function that waits for
     the thread and gives its result, or raises what escaped it.  pre-start
     calls it before it leaves, whichever way it leaves, and turns what it
     raises into an error line: the question never decides the start."""

@@ -153,11 +153,11 @@ def test_manual_restarts_never_hit_the_start_limit(box) -> None:
     assert wait_until(lambda: state(box, name)["ActiveState"] == "active"
                       and state(box, name)["MainPID"] not in (old, "0"), 20), state(box, name)
     assert state(box, name)["NRestarts"] == "1"
-    # pre-start asks over systemd's private socket (facts/systemd.py, by hand,
-    # systemctl only as a fallback): the same answer, from this systemd.
+    # pre-start asks through facts/systemd.py (pystemd, the private socket
+    # as root): the same answer, from this systemd.
     ask = ("import sys; sys.path.append('/usr/lib/python3/dist-packages'); "
            "from infer_units.helpers.facts import systemd; "
-           "print(systemd._nrestarts_bus(sys.argv[1]))")
+           "print(systemd.restarts_since_asked(sys.argv[1]))")
     asked = box.sh(f'python3 -IS -c "{ask}" {name}.service')
     assert asked.stdout.strip() == "1", (asked.stdout, asked.stderr)
     box.sh(f"systemctl stop {name}")

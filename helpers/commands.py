@@ -1,57 +1,53 @@
-"""The one table of `infer-units` commands.  helpers/entry.py reads HOOKS
-(argparse, no click: they are on every start's path); the click root group
-(cli/root.py) reads both, loading each operator command's module only when
-that command runs.  This module imports nothing: neither side imports the
-other, and a new command is one line here."""
+"""The one table of `infer-units` commands (pip's commands/__init__.py):
+name -> where the command lives, loaded only when it runs.
 
-# The commands generated units run: name -> (module under infer_units.helpers,
-# function(argv) -> exit code, one line for the man page).  Hidden from --help.
-HOOKS: dict[str, tuple[str, str, str]] = {
-    "pre-start": ("hooks.unit", "pre_start",
-                  "ExecStartPre: reap, wait for GPUs and port, P2P self-test."),
-    "wait-ready": ("hooks.unit", "wait_ready",
-                   "ExecStartPost: wait for health; fail at once if the server dies."),
-    "wait-free": ("hooks.unit", "wait_free",
-                  "ExecStopPost: wait until the GPUs are free; report what holds them."),
-    "liveness-probe": ("hooks.unit", "liveness_probe",
-                       "infer-units-liveness@<name>.service: probe health; restart the model "
-                       "after [liveness] failures."),
-    "group-watch": ("hooks.unit", "group_watch",
-                    "infer-units-group@<name>.service: restart a rank of a multi-node model "
-                    "whose group lost a rank."),
+Hooks are what generated units run, as root, on every start and stop:
+argparse mains, `function(argv) -> exit code`, run by helpers/entry.py after
+the server's environment is scrubbed, hidden from --help (their man page
+section reads `summary`).  Every other command is a click command that the
+root group (cli/root.py) loads when it is asked for.  A new command is one
+line here."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Command:
+    module: str             # under infer_units.helpers
+    attr: str               # the hook's main, or the click command
+    hook: bool = False
+    summary: str = ""       # hooks only: click commands carry their own help
+
+
+COMMANDS: dict[str, Command] = {
+    "pre-start": Command("hooks.unit", "pre_start", hook=True,
+                         summary="ExecStartPre: reap, wait for GPUs and port, P2P self-test."),
+    "wait-ready": Command("hooks.unit", "wait_ready", hook=True,
+                          summary="ExecStartPost: wait for health; fail at once if the "
+                                  "server dies."),
+    "wait-free": Command("hooks.unit", "wait_free", hook=True,
+                         summary="ExecStopPost: wait until the GPUs are free; report what "
+                                 "holds them."),
+    "liveness-probe": Command("hooks.unit", "liveness_probe", hook=True,
+                              summary="infer-units-liveness@<name>.service: probe health; "
+                                      "restart the model after [liveness] failures."),
+    "group-watch": Command("hooks.unit", "group_watch", hook=True,
+                           summary="infer-units-group@<name>.service: restart a rank of a "
+                                   "multi-node model whose group lost a rank."),
+    "render": Command("cli.render", "render"),
+    "check": Command("cli.render", "check"),
+    "cat": Command("cli.config", "cat_command"),
+    "edit": Command("cli.config", "edit_command"),
+    "holders": Command("cli.gpu", "holders"),
+    "reap": Command("cli.reap", "reap"),
+    "wait-port": Command("cli.gpu", "wait_port"),
+    "p2p-check": Command("cli.gpu", "p2p_check"),
+    "status": Command("cli.gpu", "status"),
+    "drain": Command("cli.gpu", "drain"),
+    "resume": Command("cli.gpu", "resume"),
+    "doctor": Command("cli.doctor", "doctor"),
 }
 
-# Operator commands that run without click (helpers/entry.py; their click
-# command, built from the same argparse parser, answers --help): name ->
-# (module under infer_units.helpers, main(argv) -> exit code, parser() -> its
-# argparse parser, the command(**options) -> exit code that main calls).
-FAST: dict[str, tuple[str, str, str, str]] = {
-    "reap": ("hooks.reap", "main", "parser", "reap"),
-}
-
-# The operator commands: name -> (module under infer_units.helpers, the click
-# command's attribute there).
-COMMANDS: dict[str, tuple[str, str]] = {
-    "render": ("cli.render", "render"),
-    "check": ("cli.render", "check"),
-    "cat": ("cli.config", "cat_command"),
-    "edit": ("cli.config", "edit_command"),
-    "holders": ("cli.gpu", "holders"),
-    "wait-port": ("cli.gpu", "wait_port"),
-    "p2p-check": ("cli.gpu", "p2p_check"),
-    "status": ("cli.gpu", "status"),
-    "drain": ("cli.gpu", "drain"),
-    "resume": ("cli.gpu", "resume"),
-    "doctor": ("cli.doctor", "doctor"),
-}
-
-# Commands that ask NVML about --gpus first thing: entry.py begins NVML's
-# init and the GPUs' attach in a thread (facts/gpus.warm_nvml) while their
-# modules load.
-NVML_FIRST: frozenset[str] = frozenset({"reap", "holders", "pre-start"})
-
-# Hooks that ask systemd first thing over its private bus (wait-free: is this
-# stop half of a restart?): entry.py opens the connection in a thread
-# (facts/systemd.warm_bus) while their modules load.  The connect is PID 1's
-# accept and AUTH, 1.5-2 ms on every restart's stop (bench/restart_bench.py).
-BUS_FIRST: frozenset[str] = frozenset({"wait-free"})
+HOOKS: dict[str, Command] = {name: c for name, c in COMMANDS.items() if c.hook}

@@ -1,15 +1,12 @@
 """--json output: stdout holds exactly one JSON document on every path, a
 usage error or an unexpected one included.  Shared by the click commands
-(cli/options.py, cli/root.py) and the argparse ones (hooks/reap.py), so
-neither imports the other's parser."""
+(cli/root.py), die() (helpers/die.py) and entry.py's last line of defence."""
 
 from __future__ import annotations
 
+import json
 import sys
-
-TYPE_CHECKING = False
-if TYPE_CHECKING:
-    from typing import Any
+from typing import Any
 
 
 class _Json:
@@ -25,6 +22,10 @@ def want_json(argv: list[str]) -> None:
     _Json.wanted = "--json" in (argv[:argv.index("--")] if "--" in argv else argv)
 
 
+def json_wanted() -> bool:
+    return _Json.wanted
+
+
 def json_error(message: str, code: int) -> None:
     """Under --json, the one document of a path that printed none."""
     if _Json.wanted and not _Json.written:
@@ -34,7 +35,6 @@ def json_error(message: str, code: int) -> None:
 def echo_json(data: Any) -> None:
     """Machine-readable output: stdout holds exactly one JSON document,
     whatever is logged on stderr."""
-    import json
     _Json.written = True
     if sys.stdout is None:      # started with stdout closed (`>&-`): nowhere to print
         return

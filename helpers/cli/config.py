@@ -22,7 +22,8 @@ import click
 
 from ...generator.paths import RUN_DIR
 from ..jsonout import echo_json
-from .options import complete_model_names, die
+from ..die import die
+from .options import complete_model_names
 
 OVERRIDE = "override.toml"
 # Like systemctl edit: what is above the first marker is the drop-in; the rest is for reference.

@@ -1,5 +1,5 @@
 """The operator commands of `infer-units` that touch GPUs, ports and systemd:
-holders, wait-port, p2p-check, status, drain, resume (reap: hooks/reap.py)."""
+holders, wait-port, p2p-check, status, drain, resume (reap: cli/reap.py)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,8 @@ if TYPE_CHECKING:
 from .. import exitcodes
 from ..argtypes import unit_name
 from ..jsonout import echo_json
-from .options import DURATION, HOST, PORT, complete_model_names, die
+from ..die import die
+from .options import DURATION, HOST, PORT, complete_model_names
 from .table import format_table
 
 

@@ -1,3 +1,2 @@
 """The commands generated units run (pre-start, wait-ready, wait-free,
-liveness-probe): hooks/args.py's parser, never click (they are on every
-start's path)."""
+liveness-probe, group-watch): argparse (hooks/parser.py), never click."""

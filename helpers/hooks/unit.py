@@ -1,38 +1,32 @@
 """The commands generated units run: pre-start, wait-ready, wait-free,
-liveness-probe (helpers/commands.py HOOKS lists them).
+liveness-probe, group-watch (helpers/commands.py lists them).
 
-They run on every start and stop, so they are parsed here, once, with
-hooks/args.py's parser (argparse's declarations; argparse itself only for
---help and usage errors), and never import click (which alone costs a third of a hook's
-start-up); `infer-units pre-start ...` reaches them through helpers/entry.py.
-What they do lives in facts/, decide/ and act/, shared with the operator
-commands.  Their options take choices and defaults from generator/settings.py,
-as the model files do.
+Each parses its argv with argparse (hooks/parser.py) and never imports click:
+`infer-units pre-start ...` reaches them through helpers/entry.py, after the
+server's environment is scrubbed (helpers/hookenv.py).  What they do lives in
+facts/, decide/ and act/, shared with the operator commands.  Their options
+take choices and defaults from generator/settings.py, as the model files do.
 """
 
 from __future__ import annotations
 
+import argparse
 import os
+import signal
 import sys
 import time
-
-TYPE_CHECKING = False
-if TYPE_CHECKING:
-    import signal as _signal
-    from typing import Callable
-
-    from ..decide.claims import GpuClaims
-    from ..facts.gpus import Backend, Gpu
-else:
-    # The C module: signal.py wraps it in enums, and enum (with functools,
-    # collections, operator) was a fifth of a hook's imports (bench/restart_bench.py).
-    import _signal
+from typing import TYPE_CHECKING, Callable
 
 from ...generator import settings
 from ...generator.log import say
 from .. import argtypes, exitcodes
 from ..argtypes import unit_name
-from .args import SUPPRESS, Namespace, Parser, checked
+from ..die import die
+from .parser import HookParser, checked
+
+if TYPE_CHECKING:       # annotations only: these modules load when a hook needs them
+    from ..decide.claims import GpuClaims
+    from ..facts.gpus import Backend, Gpu
 
 ERR, WARNING, NOTICE, INFO = 3, 4, 5, 6     # syslog priorities: journalctl -p
 
@@ -47,19 +41,13 @@ _unit = checked(argtypes.unit)
 _count = checked(argtypes.count)
 
 
-class _Parser(Parser):
-    def report(self, line: str) -> None:
-        _say(line, ERR)     # one line: it lands in the journal
-
-
 def _gpus_or_exit(selector: str) -> tuple[Backend, list[Gpu]]:
     from ..facts.gpumemory import chosen
     from ..facts.gpus import GpuError
     try:
         return chosen(selector)
     except GpuError as e:
-        _say(str(e), ERR)
-        sys.exit(exitcodes.CONFIG_ERROR)
+        die(str(e))
 
 
 # ------------------------------------------------------------------ pre-start
@@ -85,7 +73,7 @@ def _refuse_without_restart(unit: str | None,
     # and was seen on H200 to lose the race (the hook ended by 15/TERM): ignore
     # the signal instead, so we always leave with "blocked" (exit 2) ourselves,
     # at once after the cancel.
-    _signal.signal(_signal.SIGTERM, _signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     _say(f"start of {unit} refused; no automatic restart (systemctl start it again "
          "once the GPUs are free)", ERR)
     why_not = cancel_own_start(unit)
@@ -94,43 +82,43 @@ def _refuse_without_restart(unit: str | None,
 
 
 def pre_start(argv: list[str]) -> int:
-    p = _Parser(prog="infer-units pre-start",
+    p = HookParser("pre-start",
                 description="ExecStartPre: claim the unit's GPUs, reap them, wait until "
                             "they and the port are free, run the P2P self-test.")
-    p.add_argument("--unit", required=True, type=_unit)
-    p.add_argument("--gpus", help='GPUs to clean: "0,1", UUIDs, PCI ids or "all"')
-    p.add_argument("--foreign", choices=settings.REAP_FOREIGN,
+    p.option("--unit", required=True, type=_unit)
+    p.option("--gpus", help='GPUs to clean: "0,1", UUIDs, PCI ids or "all"')
+    p.option("--foreign", choices=settings.REAP_FOREIGN,
                    default=settings.default("reap.foreign"))
-    p.add_argument("--term-grace", type=_duration, default=settings.default("reap.term-grace"))
-    p.add_argument("--timeout", type=_duration, default=settings.default("reap.timeout"))
-    p.add_argument("--ignore", action="append", default=[])
-    p.add_argument("--port", type=_port)
-    p.add_argument("--host", default=settings.default("host"), type=checked(argtypes.host))
-    p.add_argument("--env-file", help="where resolved CUDA_VISIBLE_DEVICES / P2P results go")
-    p.add_argument("--resolve-pci", action="store_true",
+    p.option("--term-grace", type=_duration, default=settings.default("reap.term-grace"))
+    p.option("--timeout", type=_duration, default=settings.default("reap.timeout"))
+    p.option("--ignore", action="append", default=[])
+    p.option("--port", type=_port)
+    p.option("--host", default=settings.default("host"), type=checked(argtypes.host))
+    p.option("--env-file", help="where resolved CUDA_VISIBLE_DEVICES / P2P results go")
+    p.option("--resolve-pci", action="store_true",
                    help="write CUDA_VISIBLE_DEVICES (UUIDs) for PCI selectors")
-    p.add_argument("--p2p", action="store_true", help="run the P2P self-test")
-    p.add_argument("--python", default=sys.executable, help="interpreter with torch")
-    p.add_argument("--user", help="the model's user: the self-test runs as them, never as root")
-    p.add_argument("--p2p-env", action="append", default=[], metavar="NAME=VALUE",
+    p.option("--p2p", action="store_true", help="run the P2P self-test")
+    p.option("--python", default=sys.executable, help="interpreter with torch")
+    p.option("--user", help="the model's user: the self-test runs as them, never as root")
+    p.option("--p2p-env", action="append", default=[], metavar="NAME=VALUE",
                    help="the server's environment ([env]) for the self-test")
-    p.add_argument("--p2p-off-args", default="",
+    p.option("--p2p-off-args", default="",
                    help="server argv that P2P off needs beyond NCCL_P2P_DISABLE=1 "
                         "(e.g. --disable-custom-all-reduce), written to the env file")
-    p.add_argument("--wait-rendezvous", metavar="HOST:PORT", type=checked(argtypes.host_port),
+    p.option("--wait-rendezvous", metavar="HOST:PORT", type=checked(argtypes.host_port),
                    help="multi-node worker: then wait (unbounded) until the head forms a "
                         "group there")
-    p.add_argument("--head-url", type=checked(argtypes.http_url),
+    p.option("--head-url", type=checked(argtypes.http_url),
                    help="multi-node worker: the head's health URL (its HTTP port refuses "
                         "while the head forms a group)")
-    p.add_argument("--p2p-off-env", action="append", default=[], metavar="NAME=VALUE",
+    p.option("--p2p-off-env", action="append", default=[], metavar="NAME=VALUE",
                    help="environment that P2P off needs beyond NCCL_P2P_DISABLE=1 "
                         "(e.g. VLLM_ALLREDUCE_USE_FLASHINFER=0), written to the env file")
-    p.add_argument("--accept-health", type=checked(argtypes.health_checks), default=(),
+    p.option("--accept-health", type=checked(argtypes.health_checks), default=(),
                    metavar="CHECK,...", help="[health] accept: health checks whose errors do "
                                              "not refuse the start")
-    p.add_argument("--root-dir", help=SUPPRESS)   # tests: a fake /proc, /sys, /dev
-    a = p.parse_args(argv)
+    p.option("--root-dir", help=argparse.SUPPRESS)   # tests: a fake /proc, /sys, /dev
+    a = p.read(argv)
     unit = unit_name(a.unit)
     from ..decide.fence import refusal
     fenced = refusal(unit)
@@ -152,7 +140,8 @@ def pre_start(argv: list[str]) -> int:
             _say(f"start-limit question failed: {type(e).__name__}: {e}", ERR)
 
 
-def _pre_start(a: Namespace, unit: str, started: float, settle: Callable[[], object]) -> int:
+def _pre_start(a: argparse.Namespace, unit: str, started: float,
+               settle: Callable[[], object]) -> int:
     """pre-start after the fence: health, park (multi-node worker), claim,
     then the start checks."""
     from ..decide.fence import refusal
@@ -243,7 +232,7 @@ def _healthy_enough(b: Backend, gpus: list[Gpu], unit: str, accept: tuple[str, .
     return not refusing
 
 
-def _start_checks(a: Namespace, unit: str, claims: GpuClaims | None,
+def _start_checks(a: argparse.Namespace, unit: str, claims: GpuClaims | None,
                   settle: Callable[[], object]) -> int:
     """Reap, env file, port, P2P: pre-start after the GPUs are claimed."""
     gpus = claims.gpus if claims is not None else []
@@ -291,17 +280,17 @@ def _start_checks(a: Namespace, unit: str, claims: GpuClaims | None,
 # ------------------------------------------------------------------ wait-ready
 
 def wait_ready(argv: list[str]) -> int:
-    p = _Parser(prog="infer-units wait-ready",
+    p = HookParser("wait-ready",
                 description="ExecStartPost: wait until URL answers 2xx; fail at once if "
                             "the server (PID) dies.")
-    p.add_argument("--url", required=True, type=checked(argtypes.http_url))
-    p.add_argument("--pid", type=checked(argtypes.pid))
-    p.add_argument("--timeout", type=_duration, default=settings.default("ready.timeout"))
-    p.add_argument("--interval", type=_duration, default=settings.default("ready.interval"))
-    p.add_argument("--probe-timeout", type=_duration, default=10.0,
+    p.option("--url", required=True, type=checked(argtypes.http_url))
+    p.option("--pid", type=checked(argtypes.pid))
+    p.option("--timeout", type=_duration, default=settings.default("ready.timeout"))
+    p.option("--interval", type=_duration, default=settings.default("ready.interval"))
+    p.option("--probe-timeout", type=_duration, default=10.0,
                    help="how long one health request may take (SGLang's /health generates "
                         "a token before it answers)")
-    a = p.parse_args(argv)
+    a = p.read(argv)
     from ..act.ready import wait_ready as wait
     result = wait(a.url, a.pid, a.timeout, a.interval, a.probe_timeout, say=_say)
     if result.ready:
@@ -323,20 +312,20 @@ def wait_ready(argv: list[str]) -> int:
 # ------------------------------------------------------------------ wait-free
 
 def wait_free(argv: list[str]) -> int:
-    p = _Parser(prog="infer-units wait-free",
+    p = HookParser("wait-free",
                 description="ExecStopPost: wait until the unit's own processes (orphaned "
                             "workers included) are gone and their memory is back; other "
                             "users of the GPUs are reported, not waited on.")
-    p.add_argument("--gpus", required=True)
-    p.add_argument("--unit", type=_unit)
-    p.add_argument("--timeout", type=_duration, default=60.0,
+    p.option("--gpus", required=True)
+    p.option("--unit", type=_unit)
+    p.option("--timeout", type=_duration, default=60.0,
                    help="keep it under TimeoutStopSec: systemd kills a hook that outlives it")
-    p.add_argument("--ignore", action="append", default=[])
-    p.add_argument("--result", default="", help="$SERVICE_RESULT, for the log")
-    p.add_argument("--liveness-cap", metavar="MARKER",
+    p.option("--ignore", action="append", default=[])
+    p.option("--result", default="", help="$SERVICE_RESULT, for the log")
+    p.option("--liveness-cap", metavar="MARKER",
                    help="liveness' restart-cap marker: this stop fails (exit 1) when it "
                         "names this invocation; removed whatever it names")
-    a = p.parse_args(argv)
+    a = p.read(argv)
     capped = _liveness_capped(a.liveness_cap) if a.liveness_cap else False
     unit = unit_name(a.unit) if a.unit else None
     if unit and not capped and _restarting(unit):
@@ -348,9 +337,6 @@ def wait_free(argv: list[str]) -> int:
         _say(f"{unit} is restarting: its start reaps and waits for GPU {a.gpus}"
              + (f" ({unit} stopped: {a.result})" if a.result else ""))
         return exitcodes.CLEAN
-    # Here, not with pre-start's in entry.py: a restart's stop asks no GPU.
-    from ..facts.gpus import warm_nvml
-    warm_nvml()
     from ..act.metrics import record_free
     from ..act.reaper import reap_own_leftovers
     b, gpus = _gpus_or_exit(a.gpus)
@@ -430,26 +416,26 @@ def _liveness_capped(marker: str) -> bool:
 
 
 def liveness_probe(argv: list[str]) -> int:
-    p = _Parser(prog="infer-units liveness-probe",
+    p = HookParser("liveness-probe",
                 description="One liveness probe of an active model (run by "
                             "infer-units-liveness@<name>.timer); restarts it through systemd "
                             "after FAILURES failed probes in a row.  --model reads every "
                             "setting from the model's file; the others give them by hand.")
-    p.add_argument("--model", help="the model's name: its [liveness] and health URL")
-    p.add_argument("--unit", type=_unit)
-    p.add_argument("--url", type=checked(argtypes.http_url))
-    p.add_argument("--interval", type=_duration, default=settings.default("liveness.interval"),
+    p.option("--model", help="the model's name: its [liveness] and health URL")
+    p.option("--unit", type=_unit)
+    p.option("--url", type=checked(argtypes.http_url))
+    p.option("--interval", type=_duration, default=settings.default("liveness.interval"),
                    help="for the log only")
-    p.add_argument("--failures", type=_count, default=settings.default("liveness.failures"))
-    p.add_argument("--timeout", type=_duration, default=10.0)
-    p.add_argument("--max-restarts", type=_count,
+    p.option("--failures", type=_count, default=settings.default("liveness.failures"))
+    p.option("--timeout", type=_duration, default=10.0)
+    p.option("--max-restarts", type=_count,
                    default=settings.default("liveness.max-restarts"))
-    p.add_argument("--restart-window", type=_duration,
+    p.option("--restart-window", type=_duration,
                    default=settings.default("liveness.restart-window"))
-    p.add_argument("--state-dir", default=None)
-    p.add_argument("--post", default=None, metavar="JSON",
+    p.option("--state-dir", default=None)
+    p.option("--post", default=None, metavar="JSON",
                    help="POST this body (a one-token completion) instead of a GET")
-    a = p.parse_args(argv)
+    a = p.read(argv)
     from ..act.liveness import Config, config_of_model, run_probe
     from ..facts.systemd import Liveness
     if a.model is not None:
@@ -475,15 +461,11 @@ def liveness_probe(argv: list[str]) -> int:
 
 
 def group_watch(argv: list[str]) -> int:
-    from ..act.groupwatch import main as watch_main       # run by infer-units-group@<name>.service
-    return watch_main(argv)
+    p = HookParser("group-watch",
+                   description="Run by infer-units-group@<name>.service: restart a rank of a "
+                               "multi-node model whose group lost a rank.")
+    p.option("--model", required=True, help="the model's name")
+    a = p.read(argv)
+    from ..act.groupwatch import run as watch
+    return watch(a.model)
 
-
-COMMANDS: dict[str, Callable[[list[str]], int]] = {
-    "pre-start": pre_start, "wait-ready": wait_ready, "wait-free": wait_free,
-    "liveness-probe": liveness_probe, "group-watch": group_watch}
-
-
-def run(argv: list[str]) -> int:
-    """argv[0] is one of helpers/commands.py HOOKS (a test checks both list the same)."""
-    return COMMANDS[argv[0]](argv[1:])

@@ -170,9 +170,8 @@ def test_unexpected_errors_are_one_line_unless_debugging(tmp_path: Path) -> None
 
 
 def test_reap_reads_its_options_as_its_click_command_did(fake_gpus: FakeGpus) -> None:
-    """reap is parsed by argparse now (hooks/reap.py); what click took still
-    works: a value that starts with "-", a trailing "--", a closed stdout, a
-    COLUMNS that is not a number (found by this wave's review)."""
+    """reap (a click command, cli/reap.py) reads: a value that starts with
+    "-", a trailing "--", a closed stdout, a COLUMNS that is not a number (found by this wave's review)."""
     env = fake_gpus.env()
     assert run_cli("reap", "--gpus", "0", "--dry-run", "--ignore", "-bash", env=env).returncode == 0
     done = run_cli("reap", "--gpus", "0", "--dry-run", "--json", "--", env=env, check=0)

@@ -1,91 +1,70 @@
-"""hooks/args.py's engine reads a command line exactly as the argparse parser
-built from the same declarations (which answers --help and every usage
-error): the same values for every line it reads itself, and argparse's own
-answer, the same line and exit code, for every other."""
+"""The hooks read their argv with argparse (hooks/parser.py), through the
+real command: a usage error is one line and exit 1 (never argparse's exit 2,
+which here means "blocked"), a value may start with a dash, --help is
+argparse's, and no abbreviation is taken for an option."""
 
 from __future__ import annotations
 
-import contextlib
-import io
-import random
 import subprocess
-from typing import Any
 
 import pytest
 
-from infer_units.helpers.hooks import args as hook_args
-from infer_units.helpers.hooks import reap, unit
+from infer_units.helpers.commands import HOOKS
 
-from ..support import PYTHON, ROOT, base_env
-
-
-class _Captured(Exception):
-    pass
+from ..support import PYTHON, ROOT, FakeGpus, base_env, run_cli
 
 
-def _parsers() -> dict[str, Any]:
-    """Each hook's parser, as its command builds it (caught at parse_args)."""
-    got: dict[str, Any] = {}
-    real = hook_args.Parser.parse_args
-
-    def grab(self: Any, argv: Any = None) -> Any:
-        got["p"] = self
-        raise _Captured
-
-    parsers: dict[str, Any] = {"reap": reap.parser()}
-    hook_args.Parser.parse_args = grab      # type: ignore[method-assign]
-    try:
-        for name in ("pre-start", "wait-ready", "wait-free", "liveness-probe"):
-            with contextlib.suppress(_Captured):
-                unit.COMMANDS[name]([])
-            parsers[name] = got.pop("p")
-    finally:
-        hook_args.Parser.parse_args = real      # type: ignore[method-assign]
-    return parsers
+def one_line(done: subprocess.CompletedProcess[str]) -> str:
+    assert done.returncode == 1, (done.returncode, done.stdout, done.stderr)
+    assert "Traceback" not in done.stderr and "usage:" not in done.stderr, done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1, done.stderr
+    return lines[0]
 
 
-def _outcome(parse: Any) -> tuple[Any, ...]:
-    out = io.StringIO()
-    with contextlib.redirect_stderr(out), contextlib.redirect_stdout(out):
-        try:
-            return ("values", sorted(vars(parse()).items(), key=str))
-        except SystemExit as e:
-            return ("exit", e.code, out.getvalue())
+REQUIRED = {"pre-start": ["--unit", "m"], "wait-ready": ["--url", "http://127.0.0.1:1/"],
+            "wait-free": ["--gpus", "0"], "liveness-probe": [], "group-watch": ["--model", "m"]}
 
 
-VALUES = ["0,1", "", "-bash", "--", "1s", "kill", "wait", "x", "18501", "70000", "--gpus",
-          "a=b", "http://127.0.0.1:1/h", "-1", "5", "m", "m.service", "NAME=VALUE"]
+@pytest.mark.parametrize("hook", sorted(HOOKS))
+def test_an_unknown_option_is_one_line_and_exit_1(hook: str) -> None:
+    line = one_line(run_cli(hook, *REQUIRED[hook], "--no-such-option", "x"))
+    assert f"{hook}: " in line and "--no-such-option" in line and "see --help" in line, line
 
 
-@pytest.mark.parametrize("name", ["pre-start", "wait-ready", "wait-free", "liveness-probe",
-                                  "reap"])
-def test_the_engine_reads_what_argparse_reads(name: str) -> None:
-    p = _parsers()[name]
-    flags = [f for a in p._actions[1:] for f in a.option_strings]
-    rng = random.Random(name)
-    for _ in range(1500):
-        argv: list[str] = []
-        for _ in range(rng.randint(0, 6)):
-            flag = rng.choice(flags + ["--gp", "-x", "--nope"] if rng.random() < .1 else flags)
-            r = rng.random()
-            argv += [f"{flag}={rng.choice(VALUES)}"] if r < .3 else \
-                [flag, rng.choice(VALUES)] if r < .9 else [flag]
-        if rng.random() < .1:
-            argv.append("--")
-        fast = _outcome(lambda: p.parse_args(argv))
-        assert fast == _outcome(lambda: p._argparse().parse_args(p._glued(argv))), argv
+@pytest.mark.parametrize("hook", sorted(HOOKS))
+def test_help_is_argparses(hook: str) -> None:
+    done = run_cli(hook, "--help")
+    assert done.returncode == 0 and done.stdout.startswith(f"usage: infer-units {hook}"), done
 
 
-def test_a_hook_imports_no_argparse_and_its_help_is_argparses() -> None:
+def test_a_missing_required_option_and_a_bad_value_name_the_option() -> None:
+    assert "--unit" in one_line(run_cli("pre-start"))
+    assert "--model" in one_line(run_cli("group-watch"))
+    line = one_line(run_cli("wait-ready", "--url", "http://127.0.0.1:1/", "--timeout", "soon"))
+    assert "--timeout" in line and "bad time span" in line, line
+    line = one_line(run_cli("pre-start", "--unit", "m", "--foreign", "maybe"))
+    assert "--foreign" in line and "maybe" in line, line
+
+
+def test_no_abbreviations() -> None:
+    assert "--gp" in one_line(run_cli("wait-free", "--gp", "0"))
+
+
+def test_a_value_may_start_with_a_dash(fake_gpus: FakeGpus) -> None:
+    """The generator writes `--ignore NAME`; a name may start with "-"."""
+    done = run_cli("wait-free", "--gpus", "0", "--ignore", "-bash", "--timeout", "5s",
+                   env=fake_gpus.env())
+    assert done.returncode == 0, done.stderr
+    line = one_line(run_cli("wait-free", "--gpus", "0", "--ignore", env=fake_gpus.env()))
+    assert "--ignore" in line and "expected one argument" in line, line
+
+
+def test_a_hook_imports_no_click() -> None:
     code = ("import sys, runpy; sys.argv = ['infer-units', 'wait-free', '--gpus', 'none-such']\n"
             "try:\n    runpy.run_module('infer_units', run_name='__main__')\n"
             "except SystemExit:\n    pass\n"
-            "print('LOADED', sorted(m for m in ('argparse', 'gettext', 'locale') "
-            "if m in sys.modules))")
+            "print('LOADED', sorted(m for m in sys.modules if m.split('.')[0] == 'click'))")
     done = subprocess.run([PYTHON, "-c", code], capture_output=True, text=True, timeout=60,
                           cwd=ROOT, env=base_env())
     assert "LOADED []" in done.stdout, done.stdout + done.stderr
-    shown = subprocess.run([PYTHON, "-m", "infer_units", "wait-free", "--help"],
-                           capture_output=True, text=True, timeout=60, cwd=ROOT, env=base_env())
-    assert shown.returncode == 0 and shown.stdout.startswith("usage: infer-units wait-free")
-    assert "--liveness-cap" in shown.stdout

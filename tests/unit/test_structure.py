@@ -83,20 +83,23 @@ def test_rooms_import_only_rooms_before_them() -> None:
 
 
 def test_one_command_table_for_the_hooks_and_the_cli() -> None:
+    """helpers/commands.py: hooks are argparse mains, every other command a
+    click command of the same name that --help lists."""
+    import importlib
     from infer_units.helpers import commands
     from infer_units.helpers.cli.root import all_commands
-    from infer_units.helpers.hooks import unit
-    assert set(commands.HOOKS) == set(unit.COMMANDS)
-    for name, (module, function, _summary) in commands.HOOKS.items():
-        assert module == "hooks.unit" and unit.COMMANDS[name].__name__ == function, name
     loaded = all_commands()
-    assert set(loaded) == set(commands.HOOKS) | set(commands.COMMANDS) | set(commands.FAST)
-    assert not set(commands.FAST) & (set(commands.HOOKS) | set(commands.COMMANDS))
-    for name in [*commands.COMMANDS, *commands.FAST]:
-        assert isinstance(loaded[name], click.Command) and loaded[name].name == name
-        assert not loaded[name].hidden, name
-    for name in commands.HOOKS:
-        assert loaded[name].hidden, name
+    assert set(loaded) == {n for n, c in commands.COMMANDS.items() if not c.hook}
+    for name, spec in commands.COMMANDS.items():
+        target = getattr(importlib.import_module(f"infer_units.helpers.{spec.module}"), spec.attr)
+        if spec.hook:
+            assert spec.module.startswith("hooks.") and spec.summary, name
+            assert callable(target) and not isinstance(target, click.Command), name
+        else:
+            assert spec.module.startswith("cli."), name
+            assert loaded[name] is target and target.name == name and not target.hidden, name
+    assert set(commands.HOOKS) == {"pre-start", "wait-ready", "wait-free", "liveness-probe",
+                                   "group-watch"}
 
 
 def test_the_hooks_path_imports_neither_click_nor_the_cli() -> None:
@@ -111,28 +114,17 @@ def test_the_hooks_path_imports_neither_click_nor_the_cli() -> None:
     assert "LOADED []" in done.stdout, done.stdout + done.stderr
 
 
-def test_reap_runs_without_click_and_its_help_is_clicks(fake_gpus: FakeGpus) -> None:
-    """`infer-units reap` is timed end to end (DESIGN.md "Performance goals"):
-    it runs on the hooks' parser (hooks/args.py, argparse's declarations
-    without argparse's import); --help is the click command built from that
-    parser, with the same options and defaults."""
-    done = subprocess.run([PYTHON, "-X", "importtime", "-m", "infer_units", "reap", "--gpus", "0",
-                           "--dry-run"], capture_output=True, text=True, timeout=60,
-                          env=fake_gpus.env())
-    assert done.returncode == 0, done.stderr
-    loaded = [line.rsplit("|", 1)[-1].strip() for line in done.stderr.splitlines()
-              if line.startswith("import time:")]
-    assert "dry run" in done.stderr and "infer_units.helpers.act.reaper" in loaded
-    assert "argparse" not in loaded and "gettext" not in loaded, loaded
-    assert not [m for m in loaded if m.split(".")[0] == "click"
-                or m.startswith("infer_units.helpers.cli")], loaded
+def test_reap_is_a_click_command(fake_gpus: FakeGpus) -> None:
+    """`infer-units reap` is an operator command: click, like the others."""
+    done = subprocess.run([PYTHON, "-m", "infer_units", "reap", "--gpus", "0", "--dry-run"],
+                          capture_output=True, text=True, timeout=60, env=fake_gpus.env())
+    assert done.returncode == 0 and "dry run" in done.stderr, done.stderr
     shown = subprocess.run([PYTHON, "-m", "infer_units", "reap", "--help"], capture_output=True,
                            text=True, timeout=60, env=fake_gpus.env()).stdout
     assert shown.startswith("Usage: infer-units reap [OPTIONS]")
-    from infer_units.helpers.hooks.reap import parser
-    for action in parser()._actions:
-        for flag in action.option_strings:
-            assert flag in shown, flag
+    for flag in ("--gpus", "--unit", "--foreign", "--term-grace", "--timeout", "--ignore",
+                 "--env-file", "--dry-run", "--json"):
+        assert flag in shown, flag
 
 
 def _with_a_pynvml(tmp_path: Path, source: str, script: str) -> str:

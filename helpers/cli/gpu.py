@@ -8,14 +8,11 @@ import sys
 
 import click
 
-TYPE_CHECKING = False
-if TYPE_CHECKING:
-    from ..facts.gpus import Backend, Gpu
-
 from .. import exitcodes
 from ..argtypes import unit_name
 from ..jsonout import echo_json
 from ..die import die
+from ..facts.gpus import Backend, Gpu
 from .options import DURATION, HOST, PORT, complete_model_names
 from .table import format_table
 

@@ -187,7 +187,7 @@ def table(report: dict[str, Any]) -> str:
 #      systemd", exit 1); the report cannot say whether models run.
 #   3  a model is failed: `systemctl status` exits 3 for a unit that is not
 #      running (LSB), so scripts and monitoring read it the same way.  The
-#      number is also DESIGN's "timed out with holders left"; status never
+#      number is also the hooks' "timed out with holders left" (helpers/exitcodes.py); status never
 #      reaps, so the two cannot meet in one command.
 #   0  otherwise (stopped models are not failures: an operator stopped them).
 FAILED = 3

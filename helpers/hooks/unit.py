@@ -15,18 +15,16 @@ import os
 import signal
 import sys
 import time
-from typing import TYPE_CHECKING, Callable
+from typing import Callable
 
 from ...generator import settings
 from ...generator.log import say
 from .. import argtypes, exitcodes
 from ..argtypes import unit_name
+from ..decide.claims import GpuClaims
 from ..die import die
+from ..facts.gpus import Backend, Gpu
 from .parser import HookParser, checked
-
-if TYPE_CHECKING:       # annotations only: these modules load when a hook needs them
-    from ..decide.claims import GpuClaims
-    from ..facts.gpus import Backend, Gpu
 
 ERR, WARNING, NOTICE, INFO = 3, 4, 5, 6     # syslog priorities: journalctl -p
 
@@ -70,7 +68,7 @@ def _refuse_without_restart(unit: str | None,
             pass
     from ..facts.systemd import cancel_own_start
     # The stop job SIGTERMs us.  A Python handler runs only between bytecodes
-    # and was seen on H200 to lose the race (the hook ended by 15/TERM): ignore
+    # and can lose that race (the hook then ends by 15/TERM): ignore
     # the signal instead, so we always leave with "blocked" (exit 2) ourselves,
     # at once after the cancel.
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
@@ -167,7 +165,6 @@ def _pre_start(a: argparse.Namespace, unit: str, started: float,
         from ..act.rendezvous import wait_rendezvous
         if a.gpus is not None:
             from ..act.reaper import reap_own_leftovers
-            from ..decide.claims import GpuClaims
             # What is left of this unit's last run goes first: systemd's kill
             # of the cgroup can fail, and a restart's stop leaves the
             # reaping to this start (wait-free), which may park for hours.
@@ -189,7 +186,7 @@ def _pre_start(a: argparse.Namespace, unit: str, started: float,
             return exitcodes.BLOCKED
         started = time.monotonic()       # what follows is the start checks proper
     if a.gpus is not None:
-        from ..decide.claims import ClaimError, GpuClaims
+        from ..decide.claims import ClaimError
         claims = GpuClaims(gpus, unit)
         try:
             conflicts = claims.acquire()
@@ -346,7 +343,6 @@ def wait_free(argv: list[str]) -> int:
     gpu_list = ",".join(str(g.index) for g in gpus)
     if result.exit_code == exitcodes.CLEAN:
         if unit:
-            from ..decide.claims import GpuClaims
             GpuClaims(gpus, unit).release()
         others = len(result.reported) + len(result.unaccounted)
         _say(f"GPU {gpu_list} free after {result.seconds * 1000:.0f} ms{where}"
@@ -392,7 +388,7 @@ def _liveness_capped(marker: str) -> bool:
     writes the marker, naming $INVOCATION_ID, just before it stops the unit).
     The marker is removed whatever it names, so a stale one never fails a
     later, ordinary stop.  Here rather than in a /bin/sh ExecStopPost=: one
-    process fewer on every stop (~20 ms, bench/restart_bench.py)."""
+    process fewer on every stop."""
     try:
         os.lstat(marker)
     except FileNotFoundError:

@@ -9,6 +9,7 @@ anywhere else is refused rather than run in no tier (docs/testing.md)."""
 
 from __future__ import annotations
 
+import os
 import pwd
 import shutil
 import subprocess
@@ -22,6 +23,35 @@ from .support import ATTACKER, FakeGpus, Holder
 
 TESTS = Path(__file__).resolve().parent
 TIERS = ("unit", "integration", "e2e", "gpu")
+SESSION_TMP = pytest.StashKey[Path]()
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_configure(config: pytest.Config) -> None:
+    """One temporary directory for everything the session writes there:
+    pytest's tmp_path, tempfile in the tests and in the programs they start
+    (TMPDIR), such as a refused `edit`'s kept text, hypothesis's database and
+    the e2e containers.  Removed at the end, so a run leaves nothing in /tmp."""
+    session = Path(tempfile.mkdtemp(prefix="infer-units-tests-"))
+    # Sticky and world-writable like /tmp: the other accounts the tests run as
+    # use it too.  Root-owned, so its name cannot be taken from under us.
+    session.chmod(0o1777)
+    os.environ["TMPDIR"] = str(session)
+    tempfile.tempdir = str(session)
+    if config.option.basetemp is None:
+        # pytest's own numbered directories would outlive the session
+        config.option.basetemp = str(session / "pytest")
+    config.stash[SESSION_TMP] = session
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    session = config.stash.get(SESSION_TMP, None)
+    if session is None:
+        return
+    if os.environ.get("INFER_UNITS_E2E_KEEP"):
+        print(f"\nINFER_UNITS_E2E_KEEP: the session's files are kept in {session}")
+        return
+    shutil.rmtree(session, ignore_errors=True)
 
 
 def tier_of(path: Path) -> str | None:

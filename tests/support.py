@@ -4,15 +4,18 @@ fake GPU tables, and start real processes that hold fake GPU files.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+TESTS = ROOT / "tests"
 # The interpreter running the tests runs the CLI too (Debian's on hosts, the
 # image's torch Python on the GPU machine).
 PYTHON = sys.executable
@@ -20,9 +23,37 @@ PYTHON = sys.executable
 ATTACKER = "iu-attacker"
 
 
+@functools.cache
+def code_copy() -> Path:
+    """A root-owned 0755 copy of the package (and of tests/fake_torch) that the
+    tests' subprocesses import.  What they run as another account (setpriv in
+    the trust tests, the hooks' drop to nobody or to a model's user, the P2P
+    self-test's script) must be readable by that account, as an installed
+    package is; a checkout need not be (a clone under /root, 0700).  Made once
+    a session in the session's temporary directory, which tests/conftest.py
+    removes at the end; the tests' own process imports the checkout."""
+    top = Path(tempfile.mkdtemp(prefix="infer-units-code-"))
+    skip = shutil.ignore_patterns("__pycache__")
+    # Symlinks followed: infer_units/ links to the card's folders, as installed.
+    shutil.copytree(ROOT / "infer_units", top / "infer_units", ignore=skip)
+    shutil.copytree(TESTS / "fake_torch", top / "fake_torch", ignore=skip)
+    for path in [top, *top.rglob("*")]:
+        executable = path.is_dir() or os.access(path, os.X_OK)
+        path.chmod(0o755 if executable else 0o644)
+    return top
+
+
+def fake_torch() -> Path:
+    """The CPU stand-in for torch (tests/fake_torch), where anyone can read it."""
+    return code_copy() / "fake_torch"
+
+
 def base_env(**extra: str) -> dict[str, str]:
     env = dict(os.environ)
-    env["PYTHONPATH"] = str(ROOT)
+    env["PYTHONPATH"] = str(code_copy())
+    # `python -m` would put the working directory (the checkout, when pytest
+    # runs there) before PYTHONPATH: the copy is what every subprocess imports.
+    env["PYTHONSAFEPATH"] = "1"
     env.setdefault("SYSTEMD_LOG_TARGET", "console")
     # [nodes] ranks by host name: the tests' host is gpu-a.example, whatever this machine is
     env.setdefault("INFER_UNITS_HOSTNAME", "gpu-a.example")

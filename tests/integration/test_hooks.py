@@ -14,9 +14,9 @@ import time
 from pathlib import Path
 
 
-from ..support import PYTHON, FakeGpus, base_env, run_cli
+from ..support import PYTHON, FakeGpus, base_env, fake_torch, run_cli
 
-FAKE_TORCH = Path(__file__).parents[1] / "fake_torch"
+FAKE_TORCH = fake_torch()      # where nobody and the attacker can read it
 
 
 def free_port() -> int:

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from ..support import ATTACKER, FakeGpus, base_env, run_cli
+from ..support import ATTACKER, FakeGpus, base_env, fake_torch, run_cli
 
-FAKE_TORCH = Path(__file__).parents[1] / "fake_torch"
+FAKE_TORCH = fake_torch()      # where nobody and the attacker can read it
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root to create a user")
 

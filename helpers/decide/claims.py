@@ -7,7 +7,8 @@ pre-start, before reaping, takes a claim on its GPUs:
 
   - every GPU has a lock file, RUN_DIR/gpu/<uuid>.lock (RUN_DIR:
     generator/paths.py's run_dir(), a tmpfs: claims do not
-    outlive a boot);
+    outlive a boot), 0600 in a 0700 directory: only root can open it,
+    so only root can lock it;
   - the hook flocks the files of its GPUs in index order (two hooks never
     wait on each other crosswise), reads the claim each holds, and if another
     unit's claim is live it gives up (exit 2, "another infer-units service");
@@ -39,6 +40,8 @@ from ..facts.procinfo import read_cgroup, read_stat, unit_of_cgroup
 
 
 LIVE_STATES = ("active", "activating", "deactivating", "reloading")
+LOCK_DIR_MODE = 0o700
+LOCK_MODE = 0o600
 LOCK_POLL_S = 0.005
 CGROUP_ROOTS = ("/sys/fs/cgroup/systemd", "/sys/fs/cgroup/unified", "/sys/fs/cgroup")
 
@@ -114,6 +117,13 @@ def claim_live(claim: Claim) -> tuple[bool, str]:
     return False, "no process left"
 
 
+def _narrow(fd: int, mode: int) -> None:
+    """Our file or directory at exactly `mode` (never one another account owns)."""
+    st = os.fstat(fd)
+    if st.st_uid == os.geteuid() and st.st_mode & 0o7777 != mode:
+        os.fchmod(fd, mode)
+
+
 class GpuClaims:
     def __init__(self, gpus: list[Gpu], unit: str) -> None:
         self.gpus = sorted(gpus, key=lambda g: g.index)
@@ -122,12 +132,19 @@ class GpuClaims:
     def _open_locked(self, deadline: float) -> list[tuple[Gpu, int]]:
         held: list[tuple[Gpu, int]] = []
         try:
-            # RUN_DIR and RUN_DIR/gpu 0755 whatever the umask; the lock files
-            # opened O_NOFOLLOW|O_NONBLOCK (atomicfile.py): no link or FIFO.
-            with ensure_dir(os.path.join(run_dir(), "gpu")) as locks:
+            # flock(2) needs no more than an fd open for reading: a lock file
+            # another account can open is one it can hold, and every start on
+            # that GPU would wait for it (docs/trust.md).  So the directory is
+            # root's alone (0700) and each lock file 0600, created with
+            # O_EXCL|O_NOFOLLOW relative to the directory's fd
+            # (generator/atomicfile.py), whatever the umask; modes left wider
+            # by an older version are narrowed before any lock is taken.
+            with ensure_dir(os.path.join(run_dir(), "gpu"), LOCK_DIR_MODE) as locks:
+                _narrow(locks.fd, LOCK_DIR_MODE)
                 for g in self.gpus:            # index order: no crosswise waits
-                    fd = locks.open_regular(lock_name(g), os.O_RDWR | os.O_CREAT, 0o644)
+                    fd = locks.open_regular(lock_name(g), os.O_RDWR | os.O_CREAT, LOCK_MODE)
                     held.append((g, fd))
+                    _narrow(fd, LOCK_MODE)
                     while True:
                         try:
                             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)

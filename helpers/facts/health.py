@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import errno
 import os
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -216,13 +217,15 @@ def nvml_driver_version(nvml: Any) -> str | None:
 
 # ------------------------------------------------------------------ the kernel
 
-# The kernel log holds ~1-16 MiB; never read more than this, nor more records.
+# Bounds on what one read of the kernel log takes, in bytes and records.
 KMSG_MAX_BYTES = 32 << 20
 KMSG_MAX_RECORDS = 500_000
-# Compiled at the first line that names an Xid: re (and enum behind it) is
-# not imported by every start's health check for a log that has none.
-_XID = (rb"NVRM: Xid \(PCI:([0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2})"
-        rb"(?:\.[0-7])?\): (\d+)")
+# The driver's own record: its message starts with this (docs/trust.md).
+# Others put "NVRM: Xid" inside their records at will (a mount option in a
+# user namespace is logged verbatim), so a record that merely contains it
+# is not the driver's.
+_XID = re.compile(rb"NVRM: Xid \(PCI:([0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2})"
+                  rb"(?:\.[0-7])?\): (\d+)")
 
 
 @dataclass
@@ -317,7 +320,7 @@ class Kernel:
 
     # -- the kernel log
     def kernel_log(self) -> KernelLog:
-        """Every `NVRM: Xid` line still in the kernel's ring buffer.  /dev/kmsg
+        """Every driver record `NVRM: Xid` still in the kernel's ring buffer.  /dev/kmsg
         opened non-blocking: each read is one record, EAGAIN is the end (a
         plain file in a test's tree ends at EOF); EPIPE means records were
         overwritten while we read: go on.  Bounded in bytes and records."""
@@ -364,11 +367,18 @@ class Kernel:
         return KernelLog(xids, True, "", path)
 
 
-def _add_xid(xids: dict[str, list[int]], line: bytes) -> None:
-    if b"Xid" not in line:
+def _add_xid(xids: dict[str, list[int]], record: bytes) -> None:
+    """One /dev/kmsg record, "PRIORITY,SEQ,USEC,FLAGS;MESSAGE" (continuation
+    lines, " KEY=value", carry no message).  It counts when the kernel
+    logged it (facility 0: what root writes to /dev/kmsg is "user" unless
+    it says otherwise) and its message starts with the driver's prefix."""
+    header, sep, message = record.partition(b";")
+    if not sep or b"Xid" not in message:
         return
-    import re
-    match = re.search(_XID, line)
+    priority = header.split(b",", 1)[0]
+    if not priority.isdigit() or int(priority) >> 3 != 0:
+        return
+    match = _XID.match(message)
     if match:
         where = normalize_pci(match.group(1).decode() + ".0").rsplit(".", 1)[0]
         xids.setdefault(where, []).append(int(match.group(2)))

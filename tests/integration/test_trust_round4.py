@@ -1,0 +1,107 @@
+"""Issue 36, written as the attacker: a local account without root (the
+`attacker` fixture, setpriv; real processes, the real kernel log) tries to
+block, fake or hang what root's hooks do.  Each test failed on the code
+before the fix of its class (docs/trust.md)."""
+
+from __future__ import annotations
+
+import os
+import pwd
+import secrets
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from infer_units.helpers.decide.claims import GpuClaims
+from infer_units.helpers.facts.gpus import Gpu
+from infer_units.helpers.facts.health import Kernel
+
+pytestmark = pytest.mark.integration
+
+
+def as_attacker(attacker: pwd.struct_passwd, *argv: str, **kw: object) -> subprocess.Popen[str]:
+    return subprocess.Popen(["setpriv", f"--reuid={attacker.pw_uid}",
+                             f"--regid={attacker.pw_gid}", "--clear-groups", "--", *argv],
+                            text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE, **kw)
+
+
+# ------------------------------------------------------------------ 1: the kernel log
+
+def test_a_users_mount_option_in_the_kernel_log_is_no_xid(attacker) -> None:
+    """`unshare -Urm mount -o 'NVRM: Xid (PCI:...): 79'` puts the text into
+    /dev/kmsg inside tmpfs's own record; only the driver's records count."""
+    bus = f"{secrets.randbelow(0x20) + 0xd0:02x}"    # far from the fake GPUs' 0x41..
+    where = f"0000:{bus}:1f"
+    text = f"NVRM: Xid (PCI:{where}): 79"
+    done = as_attacker(attacker, "unshare", "-Urm", "mount", "-t", "tmpfs", "-o", text,
+                       "none", "/mnt")
+    done.communicate(timeout=30)
+    records = _kmsg_records()
+    if not any(text.encode() in r for r in records):
+        pytest.skip("the attacker's mount option did not reach the kernel log here "
+                    "(no unprivileged user namespaces?)")
+    assert Kernel("/").kernel_log().xids.get(where) is None
+
+
+def test_the_drivers_own_record_still_counts(tmp_path: Path) -> None:
+    (tmp_path / "dev").mkdir()
+    (tmp_path / "dev/kmsg").write_bytes(
+        b"4,10,1000,-;NVRM: Xid (PCI:0000:41:00): 79, pid='<unknown>', GPU has fallen off\n"
+        b"3,11,2000,-;tmpfs: Unknown parameter 'NVRM: Xid (PCI:0000:42:00): 79'\n"
+        b"12,12,3000,-;NVRM: Xid (PCI:0000:43:00): 79, written by root as user facility\n")
+    assert Kernel(str(tmp_path)).kernel_log().xids == {"0000:41:00": [79]}
+
+
+def _kmsg_records() -> list[bytes]:
+    fd = os.open("/dev/kmsg", os.O_RDONLY | os.O_NONBLOCK)
+    out = []
+    try:
+        while True:
+            try:
+                out.append(os.read(fd, 16384))
+            except BlockingIOError:
+                return out
+            except OSError:
+                continue
+    finally:
+        os.close(fd)
+
+
+# ------------------------------------------------------------------ 2: claim locks
+
+GPU = Gpu(index=0, uuid="GPU-feedface-0000-0000-0000-000000000000", pci="0000:41:00.0",
+          device="/dev/null", memory_total_mib=None)
+
+
+def _hold_shared(attacker: pwd.struct_passwd, lock: Path) -> subprocess.Popen[str]:
+    """The attacker's `flock --shared <lock> sleep`: 'locked' once held."""
+    return as_attacker(attacker, "flock", "--shared", "--nonblock", str(lock), "-c",
+                       "echo locked; exec sleep 300")
+
+
+@pytest.mark.parametrize("older_modes", [False, True])
+def test_a_user_cannot_hold_a_gpus_claim_lock(attacker, public: Path, monkeypatch,
+                                              older_modes: bool) -> None:
+    """A lock file others can open is one they can flock: every pre-start on
+    that GPU then failed "still locked by another start hook".  Also where
+    an older version left the directory 0755 and the lock 0644."""
+    monkeypatch.setenv("INFER_UNITS_RUN_DIR", str(public / "run"))
+    lock = public / "run" / "gpu" / f"{GPU.uuid}.lock"
+    if older_modes:
+        lock.parent.mkdir(parents=True, mode=0o755)
+        lock.parent.chmod(0o755)
+        lock.touch(mode=0o644)
+        lock.chmod(0o644)
+    first = GpuClaims([GPU], "model-a.service")
+    assert first.acquire(timeout=1.0) == []
+    first.release()
+    assert (lock.parent.stat().st_mode & 0o7777, lock.stat().st_mode & 0o7777) == (0o700, 0o600)
+    holder = _hold_shared(attacker, lock)
+    try:
+        assert holder.stdout is not None
+        assert holder.stdout.readline().strip() != "locked", "the attacker holds root's claim lock"
+        assert GpuClaims([GPU], "model-b.service").acquire(timeout=1.0) == []
+    finally:
+        holder.kill()
+        holder.communicate()

@@ -460,8 +460,20 @@ def vllm(argv: list[str]) -> int:
         while True:
             time.sleep(3600)
     # The real API server exits 0 when its EngineCore dies, loading or serving.
+    # When the API server itself ends EngineCore (a stop, its own start
+    # timeout) its own exit status stands: the watcher, woken by that death,
+    # must not exit 0 first.
+    ending = threading.Event()
+
+    def end(code: int) -> int:
+        ending.set()
+        kill_tree([engine_core])
+        return code
+
     def watch_engine_core() -> None:
         os.waitpid(engine_core, 0)
+        if ending.is_set():
+            return
         say("vllm", "EngineCore died; API server shutting down")
         os._exit(0)
 
@@ -474,21 +486,18 @@ def vllm(argv: list[str]) -> int:
     if args.nnodes > 1:
         group = Group("vllm", args.nnodes, args.node_rank, args.master_addr, args.master_port)
         if not group.form(stop):
-            kill_tree([engine_core])
-            return 0
+            return end(0)
         if args.headless:                    # no API server: workers until stopped
             sock.close()
             say("vllm", f"headless rank {args.node_rank} joined")
             stop.wait()
-            kill_tree([engine_core])
-            return 0
+            return end(0)
     load = env_float("FAKE_LOAD_S", 1.0)
     # SIGTERM ends the load only before this point; after it the real vLLM
     # ignored SIGTERM, finished loading and served.
     deaf_from = min(env_float("FAKE_IGNORE_TERM_FROM_S", load / 2), load, ready_timeout)
     if stop.wait(deaf_from):
-        kill_tree([engine_core])
-        return 0
+        return end(0)
     signal.signal(signal.SIGTERM, lambda *_: say("vllm", "SIGTERM ignored while loading"))
     say("vllm", "loading; SIGTERM is ignored from here until ready")
     time.sleep(min(load, ready_timeout) - deaf_from)
@@ -496,8 +505,7 @@ def vllm(argv: list[str]) -> int:
     if load > ready_timeout:
         say("vllm", f"RuntimeError: Timed out waiting for engine core processes to start "
             f"(VLLM_ENGINE_READY_TIMEOUT_S={ready_timeout:g})")
-        kill_tree([engine_core])
-        return 1
+        return end(1)
     def health(path: str):
         if path != "/health":
             return 404, {"detail": "Not Found"}
@@ -526,8 +534,7 @@ def vllm(argv: list[str]) -> int:
         f"custom all-reduce {'off' if args.disable_custom_all_reduce else 'on'}")
     stop.wait()
     time.sleep(env_float("FAKE_DRAIN_S", 0.2))       # --shutdown-timeout 0: abort requests
-    kill_tree([engine_core])
-    return 0
+    return end(0)
 
 
 def python(argv: list[str]) -> int:

@@ -3,6 +3,11 @@ with the vLLM venv's python (torch, transformers, tokenizers), one argument:
 the directory to write.  Hidden 256 = 4 heads of 64 (vLLM's CPU attention
 wants head_dim >= 64), 2 layers; a few MB.
 
+    make_model.py [--hidden N] [--layers N] [--max-positions N] DIR
+
+The options make a larger one of the same shape (heads of 64): the GPU
+machine's llama-server holds GBs with one (tools/engines/build-llama-cuda).
+
 The tokenizer is a Llama-2 style BPE with byte fallback (specials, then the
 256 byte tokens <0x00>..<0xFF>, then merges learnt from a few sentences): the
 shape llama.cpp's convert_hf_to_gguf.py converts as a "llama" vocabulary
@@ -11,8 +16,8 @@ without knowing its pre-tokenizer hash, and vLLM loads as a fast tokenizer.
 
 from __future__ import annotations
 
+import argparse
 import json
-import sys
 from pathlib import Path
 
 import torch
@@ -51,7 +56,7 @@ def tokenizer_json() -> dict:
     return data
 
 
-def main(out: Path) -> None:
+def main(out: Path, hidden: int = 256, layers: int = 2, max_positions: int = 512) -> None:
     out.mkdir(parents=True)
     data = tokenizer_json()
     (out / "tokenizer.json").write_text(json.dumps(data, ensure_ascii=False))
@@ -66,9 +71,10 @@ def main(out: Path) -> None:
     # Exactly the tokenizer's size: the GGUF's token list must match the embedding.
     vocab_size = len(data["model"]["vocab"])
     config = LlamaConfig(
-        vocab_size=vocab_size, hidden_size=256, intermediate_size=512, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=4, head_dim=64,
-        max_position_embeddings=512, rms_norm_eps=1e-5, rope_theta=10000.0,
+        vocab_size=vocab_size, hidden_size=hidden, intermediate_size=2 * hidden,
+        num_hidden_layers=layers, num_attention_heads=hidden // 64,
+        num_key_value_heads=hidden // 64, head_dim=64, max_position_embeddings=max_positions,
+        rms_norm_eps=1e-5, rope_theta=10000.0,
         bos_token_id=1, eos_token_id=2, tie_word_embeddings=False, torch_dtype="float32")
     torch.manual_seed(0)
     model = LlamaForCausalLM(config).to(torch.float32)
@@ -76,4 +82,13 @@ def main(out: Path) -> None:
 
 
 if __name__ == "__main__":
-    main(Path(sys.argv[1]))
+    p = argparse.ArgumentParser(description="a random-weight Llama and its tokenizer")
+    p.add_argument("out", type=Path)
+    p.add_argument("--hidden", type=int, default=256, help="hidden size, a multiple of 64")
+    p.add_argument("--layers", type=int, default=2)
+    p.add_argument("--max-positions", type=int, default=512,
+                   help="the context it says it was trained for (llama-server warns past it)")
+    a = p.parse_args()
+    if a.hidden % 64:
+        p.error("--hidden: a multiple of 64 (heads of 64)")
+    main(a.out, a.hidden, a.layers, a.max_positions)

@@ -11,6 +11,7 @@ take choices and defaults from generator/settings.py, as the model files do.
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import signal
 import sys
@@ -24,13 +25,36 @@ from ..argtypes import unit_name
 from ..decide.claims import GpuClaims
 from ..die import die
 from ..facts.gpus import Backend, Gpu
+from ..facts.procinfo import ProcInfo
 from .parser import HookParser, checked
 
 ERR, WARNING, NOTICE, INFO = 3, 4, 5, 6     # syslog priorities: journalctl -p
 
 
+class _Last:
+    """The last error line a hook said, for its closing line (_explained)."""
+    error = ""
+
+
 def _say(message: str, priority: int = INFO) -> None:
     say(priority, message)
+    if priority <= ERR:
+        _Last.error = message
+
+
+def _explained(main: Callable[[list[str]], int]) -> Callable[[list[str]], int]:
+    """A failing hook's last journal line says what its exit code means:
+    systemd names exit statuses after their LSB meanings (2 INVALIDARGUMENT,
+    3 NOTIMPLEMENTED), which are not ours (helpers/exitcodes.py)."""
+    @functools.wraps(main)
+    def run(argv: list[str]) -> int:
+        _Last.error = ""
+        code = main(argv)
+        meaning = exitcodes.explained(code)
+        if meaning:
+            _say(f"{meaning}: {_Last.error}" if _Last.error else meaning, ERR)
+        return code
+    return run
 
 
 _duration = checked(argtypes.duration)
@@ -79,42 +103,45 @@ def _refuse_without_restart(unit: str | None,
         _say(f"could not cancel the start of {unit} ({why_not}): Restart= may retry it", WARNING)
 
 
+@_explained
 def pre_start(argv: list[str]) -> int:
     p = HookParser("pre-start",
-                description="ExecStartPre: claim the unit's GPUs, reap them, wait until "
-                            "they and the port are free, run the P2P self-test.")
+                   description="ExecStartPre: claim the unit's GPUs, reap them, wait until "
+                               "they and the port are free, run the P2P self-test.")
     p.option("--unit", required=True, type=_unit)
     p.option("--gpus", help='GPUs to clean: "0,1", UUIDs, PCI ids or "all"')
     p.option("--foreign", choices=settings.REAP_FOREIGN,
-                   default=settings.default("reap.foreign"))
+             default=settings.default("reap.foreign"))
     p.option("--term-grace", type=_duration, default=settings.default("reap.term-grace"))
     p.option("--timeout", type=_duration, default=settings.default("reap.timeout"))
     p.option("--ignore", action="append", default=[])
-    p.option("--port", type=_port)
+    p.option("--port", dest="ports", action="append", type=_port, default=[],
+             help="a TCP port the server binds (repeatable: the HTTP port and every port "
+                  "the engine derives from it); each must be free")
     p.option("--host", default=settings.default("host"), type=checked(argtypes.host))
     p.option("--env-file", help="where resolved CUDA_VISIBLE_DEVICES / P2P results go")
     p.option("--resolve-pci", action="store_true",
-                   help="write CUDA_VISIBLE_DEVICES (UUIDs) for PCI selectors")
+             help="write CUDA_VISIBLE_DEVICES (UUIDs) for PCI selectors")
     p.option("--p2p", action="store_true", help="run the P2P self-test")
     p.option("--python", default=sys.executable, help="interpreter with torch")
     p.option("--user", help="the model's user: the self-test runs as them, never as root")
     p.option("--p2p-env", action="append", default=[], metavar="NAME=VALUE",
-                   help="the server's environment ([env]) for the self-test")
+             help="the server's environment ([env]) for the self-test")
     p.option("--p2p-off-args", default="",
-                   help="server argv that P2P off needs beyond NCCL_P2P_DISABLE=1 "
-                        "(e.g. --disable-custom-all-reduce), written to the env file")
+             help="server argv that P2P off needs beyond NCCL_P2P_DISABLE=1 "
+                  "(e.g. --disable-custom-all-reduce), written to the env file")
     p.option("--wait-rendezvous", metavar="HOST:PORT", type=checked(argtypes.host_port),
-                   help="multi-node worker: then wait (unbounded) until the head forms a "
-                        "group there")
+             help="multi-node worker: then wait (unbounded) until the head forms a "
+                  "group there")
     p.option("--head-url", type=checked(argtypes.http_url),
-                   help="multi-node worker: the head's health URL (its HTTP port refuses "
-                        "while the head forms a group)")
+             help="multi-node worker: the head's health URL (its HTTP port refuses "
+                  "while the head forms a group)")
     p.option("--p2p-off-env", action="append", default=[], metavar="NAME=VALUE",
-                   help="environment that P2P off needs beyond NCCL_P2P_DISABLE=1 "
-                        "(e.g. VLLM_ALLREDUCE_USE_FLASHINFER=0), written to the env file")
+             help="environment that P2P off needs beyond NCCL_P2P_DISABLE=1 "
+                  "(e.g. VLLM_ALLREDUCE_USE_FLASHINFER=0), written to the env file")
     p.option("--accept-health", type=checked(argtypes.health_checks), default=(),
-                   metavar="CHECK,...", help="[health] accept: health checks whose errors do "
-                                             "not refuse the start")
+             metavar="CHECK,...", help="[health] accept: health checks whose errors do "
+                                       "not refuse the start")
     p.option("--root-dir", help=argparse.SUPPRESS)   # tests: a fake /proc, /sys, /dev
     a = p.read(argv)
     unit = unit_name(a.unit)
@@ -254,9 +281,12 @@ def _start_checks(a: argparse.Namespace, unit: str, claims: GpuClaims | None,
             except EnvFileError as e:
                 _say(str(e), ERR)
                 return exitcodes.CONFIG_ERROR
-    from ..facts.ports import wait_port_reporting     # socket: pre-start's alone
-    if a.port and not wait_port_reporting(a.host, a.port, a.timeout, _say):
-        return exitcodes.TIMED_OUT
+    if a.ports:
+        code = _ports_free(a.host, a.ports, unit, a.foreign, a.timeout)
+        if code == exitcodes.BLOCKED:
+            _refuse_without_restart(unit, settle)
+        if code != exitcodes.CLEAN:
+            return code
     if a.p2p and claims is not None and a.env_file:
         from ..act.envfile import EnvFileError
         from ..act.metrics import record_p2p
@@ -274,19 +304,64 @@ def _start_checks(a: argparse.Namespace, unit: str, claims: GpuClaims | None,
     return exitcodes.CLEAN
 
 
+OUT_OF_SIGHT = ("a process out of sight (another network namespace, or a socket only bound, "
+                "which kernels before 6.11 do not name)")
+# How often a start that waits for a port says so again.
+PORT_REMINDER_S = 10.0
+
+
+def _holders_text(users: list[tuple[ProcInfo, str]] | None) -> str:
+    return "; ".join(f"{i.describe()} ({how})" for i, how in users) if users else OUT_OF_SIGHT
+
+
+def _ports_free(host: str, ports: list[int], unit: str, foreign: str, timeout: float) -> int:
+    """Every port the server binds, free within `timeout` (one deadline for
+    all).  A holder is named at once: one of this unit's own processes (a
+    leftover the reap ends) is waited for; any other is foreign, and
+    `[reap] foreign` says what to do: "fail" refuses the start at once
+    (exit 2); "wait" and "kill" wait, saying so every PORT_REMINDER_S, then
+    exit 3.  A port holder is never killed: anything on the model's GPUs was
+    reaped before, and what holds only a port may be any service of the host."""
+    from ..decide.identity import in_unit
+    from ..facts.ports import port_users, wait_port_free
+    started = time.monotonic()
+    deadline = started + timeout
+    for port in ports:
+        if wait_port_free(host, port, 0.0):
+            continue         # the common case: one look
+        users = port_users(port)
+        strangers = users is None or any(not in_unit(i.cgroup, unit) for i, _how in users)
+        if strangers and foreign == "fail":
+            _say(f"port {port} held by {_holders_text(users)}: not {unit}'s, and "
+                 '[reap] foreign = "fail": start refused', ERR)
+            return exitcodes.BLOCKED
+        _say(f"port {port} held by {_holders_text(users)}; waiting up to "
+             f"{max(0.0, deadline - time.monotonic()):g}s", WARNING if strangers else INFO)
+        while not wait_port_free(host, port, min(PORT_REMINDER_S,
+                                                 max(0.0, deadline - time.monotonic()))):
+            if time.monotonic() >= deadline:
+                _say(f"port {port} still in use after {timeout:g}s: "
+                     f"{_holders_text(port_users(port))}", ERR)
+                return exitcodes.TIMED_OUT
+            _say(f"port {port} still held by {_holders_text(port_users(port))}; waiting "
+                 f"({deadline - time.monotonic():.0f}s left)", WARNING)
+        _say(f"port {port} free after {(time.monotonic() - started) * 1000:.0f} ms")
+    return exitcodes.CLEAN
+
+
 # ------------------------------------------------------------------ wait-ready
 
 def wait_ready(argv: list[str]) -> int:
     p = HookParser("wait-ready",
-                description="ExecStartPost: wait until URL answers 2xx; fail at once if "
-                            "the server (PID) dies.")
+                   description="ExecStartPost: wait until URL answers 2xx; fail at once if "
+                               "the server (PID) dies.")
     p.option("--url", required=True, type=checked(argtypes.http_url))
     p.option("--pid", type=checked(argtypes.pid))
     p.option("--timeout", type=_duration, default=settings.default("ready.timeout"))
     p.option("--interval", type=_duration, default=settings.default("ready.interval"))
     p.option("--probe-timeout", type=_duration, default=10.0,
-                   help="how long one health request may take (SGLang's /health generates "
-                        "a token before it answers)")
+             help="how long one health request may take (SGLang's /health generates "
+                  "a token before it answers)")
     a = p.read(argv)
     from ..act.ready import wait_ready as wait
     result = wait(a.url, a.pid, a.timeout, a.interval, a.probe_timeout, say=_say)
@@ -300,28 +375,33 @@ def wait_ready(argv: list[str]) -> int:
     if result.server_exited:
         from ..facts.systemd import main_exit_status
         status = main_exit_status(os.environ.get("INVOCATION_ID"), a.pid)
-        _say(result.reason + (f"; exit status {status}" if status else ""), ERR)
-        return status if status and 0 < status < 256 else exitcodes.CONFIG_ERROR
-    _say(result.reason, ERR)
+        if status and 0 < status < 256:
+            # The closing line says whose code this is: not one of ours.
+            _say(f"{result.reason}; exit {status} = the server's own exit status", ERR)
+            return status
+        _say(f"{result.reason}; exit 1 (the server's exit status is unknown)", ERR)
+        return exitcodes.CONFIG_ERROR
+    _say(f"exit 3 = timed out: {result.reason}", ERR)
     return exitcodes.TIMED_OUT
 
 
 # ------------------------------------------------------------------ wait-free
 
+@_explained
 def wait_free(argv: list[str]) -> int:
     p = HookParser("wait-free",
-                description="ExecStopPost: wait until the unit's own processes (orphaned "
-                            "workers included) are gone and their memory is back; other "
-                            "users of the GPUs are reported, not waited on.")
+                   description="ExecStopPost: wait until the unit's own processes (orphaned "
+                               "workers included) are gone and their memory is back; other "
+                               "users of the GPUs are reported, not waited on.")
     p.option("--gpus", required=True)
     p.option("--unit", type=_unit)
     p.option("--timeout", type=_duration, default=60.0,
-                   help="keep it under TimeoutStopSec: systemd kills a hook that outlives it")
+             help="keep it under TimeoutStopSec: systemd kills a hook that outlives it")
     p.option("--ignore", action="append", default=[])
     p.option("--result", default="", help="$SERVICE_RESULT, for the log")
     p.option("--liveness-cap", metavar="MARKER",
-                   help="liveness' restart-cap marker: this stop fails (exit 1) when it "
-                        "names this invocation; removed whatever it names")
+             help="liveness' restart-cap marker: this stop fails (exit 1) when it "
+                  "names this invocation; removed whatever it names")
     a = p.read(argv)
     capped = _liveness_capped(a.liveness_cap) if a.liveness_cap else False
     unit = unit_name(a.unit) if a.unit else None
@@ -411,26 +491,27 @@ def _liveness_capped(marker: str) -> bool:
     return bool(invocation) and named is not None and named.strip() == invocation
 
 
+@_explained
 def liveness_probe(argv: list[str]) -> int:
     p = HookParser("liveness-probe",
-                description="One liveness probe of an active model (run by "
-                            "infer-units-liveness@<name>.timer); restarts it through systemd "
-                            "after FAILURES failed probes in a row.  --model reads every "
-                            "setting from the model's file; the others give them by hand.")
+                   description="One liveness probe of an active model (run by "
+                               "infer-units-liveness@<name>.timer); restarts it through systemd "
+                               "after FAILURES failed probes in a row.  --model reads every "
+                               "setting from the model's file; the others give them by hand.")
     p.option("--model", help="the model's name: its [liveness] and health URL")
     p.option("--unit", type=_unit)
     p.option("--url", type=checked(argtypes.http_url))
     p.option("--interval", type=_duration, default=settings.default("liveness.interval"),
-                   help="for the log only")
+             help="for the log only")
     p.option("--failures", type=_count, default=settings.default("liveness.failures"))
     p.option("--timeout", type=_duration, default=10.0)
     p.option("--max-restarts", type=_count,
-                   default=settings.default("liveness.max-restarts"))
+             default=settings.default("liveness.max-restarts"))
     p.option("--restart-window", type=_duration,
-                   default=settings.default("liveness.restart-window"))
+             default=settings.default("liveness.restart-window"))
     p.option("--state-dir", default=None)
     p.option("--post", default=None, metavar="JSON",
-                   help="POST this body (a one-token completion) instead of a GET")
+             help="POST this body (a one-token completion) instead of a GET")
     a = p.read(argv)
     from ..act.liveness import Config, config_of_model, run_probe
     from ..facts.systemd import Liveness
@@ -456,6 +537,7 @@ def liveness_probe(argv: list[str]) -> int:
     return exitcodes.CLEAN
 
 
+@_explained
 def group_watch(argv: list[str]) -> int:
     p = HookParser("group-watch",
                    description="Run by infer-units-group@<name>.service: restart a rank of a "

@@ -277,18 +277,13 @@ def test_fuzzed_trees(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("INFER_UNITS_UNIT_PATH", str(units_dir))
     monkeypatch.setenv("SYSTEMD_LOG_TARGET", "console")
     monkeypatch.setenv("SYSTEMD_LOG_LEVEL", "info")
-    # generator/cache.py: a clean run is replayed by the next one on the same tree
-    cache = tmp_path / "cache" / "generator.cache"
-    monkeypatch.setenv("INFER_UNITS_GENERATOR_CACHE", str(cache))
-    replayed = [0]
+    rerun = [0]
     counter = itertools.count()
     accepted = [0]
     examples = [0]
 
     # CI replays the same examples every run (a red CI from a new random find
     # would block unrelated work); by hand, each run explores new ones.
-    from infer_units.generator import cache as gcache
-    from infer_units.generator.paths import HOOK_CLI
 
     @settings(max_examples=MAX_EXAMPLES, deadline=None, database=None,
               derandomize=bool(os.environ.get("CI")),
@@ -318,22 +313,13 @@ def test_fuzzed_trees(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
                 assert main([str(out)]) == 0
             lines = log.getvalue().splitlines()
             assert (out / "good.service").exists(), lines
-            if not lines and os.geteuid() == 0:
-                # Replayed, the same tree writes the same files, byte for byte.
+            if not lines and examples[0] % 10 == 0:
+                # Run again, the same tree writes the same files, byte for byte.
                 again = work / "again"
                 again.mkdir()
-                if not cache.exists():
-                    # The one run a clean tree is not stored: code files changed
-                    # within 100 ms of this process's start (cache.py cannot tell
-                    # them from the code it runs).  Anything else is a defect.
-                    assert not gcache._older_than_process(gcache.run_key(HOOK_CLI)), \
-                        "a clean run was not stored"
-                    return
-                stored = cache.stat().st_mtime_ns
                 assert main([str(again)]) == 0
-                assert cache.stat().st_mtime_ns == stored, "not replayed"
                 assert _files(again) == _files(out)
-                replayed[0] += 1
+                rerun[0] += 1
             assert not [l for l in lines if "internal error" in l], lines
             assert all(l.startswith("infer-units-generator: ") for l in lines), lines
             for name, (kind, body), _ in tree:
@@ -355,9 +341,7 @@ def test_fuzzed_trees(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     run()
     units = sorted(collected.glob("*.service"))
     print(f"fuzz: {examples[0]} examples, {len(units)} units to verify, "
-          f"{replayed[0]} clean trees replayed from the cache")
-    if os.geteuid() == 0 and gcache._older_than_process(gcache.run_key(HOOK_CLI)):
-        assert replayed[0] >= MAX_EXAMPLES // 20, replayed[0]
+          f"{rerun[0]} clean trees generated twice")
     # Enough accepted models that verify means something (the good one counts once).
     assert len(units) > MAX_EXAMPLES // 10, len(units)
     if shutil.which("systemd-analyze") and Path("/usr/lib/systemd/system").is_dir():

@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import functools
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
 from .. import __version__
-from ..units.compiled import PARTS
 from .durations import format_seconds
 from .engines import ENGINE_SPECS
 from .liveness import (DEFAULT_INTERVAL_S, DROPIN, PROBE_MARGIN_S, TEMPLATE_PROBE_TIMEOUT_S,
@@ -14,7 +19,11 @@ from .settings import BUILTIN_IGNORE
 from .systemd_quote import (comment_text, environment_assignments, exec_line, exec_word,
                             exec_words, path_value, plain_value)
 
-from .paths import HOOK_CLI, RUN_DIR   # the installed CLI the hooks call (generator/paths.py)
+from .paths import DEB_CLI, HOOK_CLI, RUN_DIR   # the CLI the hooks call (generator/paths.py)
+
+if TYPE_CHECKING:
+    import jinja2
+
 ENV_FILE_DIR = RUN_DIR
 # Headroom in TimeoutStartSec beyond the sum of the hooks' own timeouts.
 START_MARGIN_S = 30.0
@@ -33,28 +42,36 @@ VLLM_DEFAULT_READY_S = 600   # vLLM's own VLLM_ENGINE_READY_TIMEOUT_S default
 _INSTALL_DIRS = {"WantedBy": ".wants", "RequiredBy": ".requires", "UpheldBy": ".upholds"}
 
 
+@dataclass(frozen=True)
 class RenderedUnit:
-    __slots__ = ("name", "text", "links")
-
-    def __init__(self, name: str, text: str, links: tuple[str, ...]) -> None:
-        self.name = name      # "sglang-qwen.service"
-        self.text = text
-        self.links = links    # directories to link from: "multi-user.target.wants"
+    name: str                   # "sglang-qwen.service"
+    text: str
+    links: tuple[str, ...]      # directories to link from: "multi-user.target.wants"
 
 
-def fill(template: str, values: dict[str, str]) -> str:
-    """What text.format_map(values) gives, an optional block's newline added
-    when it has a value; a join of the pieces (format_map cost a quarter of
-    rendering), split at build time (units/compile_templates.py)."""
-    literals, keys, optional = PARTS[template]
-    given = list(map(values.__getitem__, keys))
-    for i in optional:
-        if given[i]:
-            given[i] += "\n"
-    out = list(literals + literals[1:])     # any list of the right length
-    out[0::2] = literals
-    out[1::2] = given
-    return "".join(out)
+# The templates live in the units package (units/*.j2, shipped as package data).
+TEMPLATE_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "units")
+
+
+@functools.cache
+def templates() -> jinja2.Environment:
+    """The one jinja2 environment of a run: each template is compiled once and
+    kept (Environment's own cache).  Values reach the templates as text; the
+    systemd quoting is done by systemd_quote.py, as filters or before.
+    Imported here, not at the top: the hooks import health_url() from this
+    module and render nothing."""
+    import jinja2
+    env = jinja2.Environment(loader=jinja2.FileSystemLoader(TEMPLATE_DIR),
+                             undefined=jinja2.StrictUndefined, autoescape=False,
+                             keep_trailing_newline=True, trim_blocks=True)
+    env.filters.update(exec_word=exec_word, plain_value=plain_value, path_value=path_value)
+    return env
+
+
+def fill(template: str, values: Mapping[str, object]) -> str:
+    """units/<template>.j2 rendered with `values` (every name it uses: a
+    missing one is an error, StrictUndefined)."""
+    return templates().get_template(template + ".j2").render(values)
 
 
 def health_url(m: Model) -> str | None:
@@ -89,13 +106,13 @@ def _engine_argv(m: Model) -> str:
     model = m.model or ""
     looks_local = model.startswith(("/", ".")) or model.endswith(".gguf")
     values = {
-        "python": exec_word(m.python, first=True),
-        "executable": exec_word(m.executable or spec.default_executable or "", first=True),
-        "model": exec_word(model),
+        "python": m.python,
+        "executable": m.executable or spec.default_executable or "",
+        "model": model,
         "model_flag": "--model" if looks_local else "--hf-repo",
-        "tensor_parallel": exec_word(str(tp)),
-        "host": exec_word(m.host),
-        "port": exec_word(str(m.port)),
+        "tensor_parallel": str(tp),
+        "host": m.host,
+        "port": str(m.port),
     }
     argv = fill("engines/" + m.engine, values).strip()
     # Then, in this order: per-instance ports and paths, the multi-node flags,
@@ -167,8 +184,8 @@ def _ignore_args(m: Model) -> list[str]:
 
 
 def _exec_start_pre(m: Model, selector: str | None, pci: bool, ignore: list[str]) -> str:
-    """One privileged process for every start check (each process start costs
-    ~50 ms of the restart; see bench/restart_bench.py).  Every model has
+    """One privileged process for every start check (each process started
+    lengthens a restart: docs/performance.md).  Every model has
     one, with neither gpus nor port too: the drain fence is its first check.
     (`selector`, `pci`, `ignore`: m.gpu_selector(), m.gpus_by_pci, _ignore_args(m).)"""
     argv = ["pre-start", "--unit", m.unit_name]
@@ -297,9 +314,7 @@ def shipped_units(cli: str = HOOK_CLI) -> list[RenderedUnit]:
     install without the .deb (pip, a venv): written by the generator beside
     the models' units, calling that install's CLI.  The .deb's generator
     writes none of them."""
-    import os
     from .liveness import TEMPLATES
-    from .paths import DEB_CLI
     here = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
                         "units", "systemd")
     units = []
@@ -325,7 +340,7 @@ def render(m: Model) -> RenderedUnit:
     post = []
     if url is not None:
         # SIGTERM blocked before the interpreter starts (coreutils' env; the
-        # mask survives exec): a stop in wait-ready's first ~60 ms, before its
+        # mask survives exec): a stop in wait-ready's first moments, before its
         # handler is in place, would otherwise end the hook by default action
         # and leave a loading server that ignores SIGTERM to TimeoutStopSec.
         # wait-ready unblocks it once its handler is installed.
@@ -348,19 +363,19 @@ def render(m: Model) -> RenderedUnit:
     values = {
         "version": __version__,
         "sources": _sources(m.sources),
-        "description": plain_value(_description(m, selector)),
+        "description": _description(m, selector),
         "liveness_wants": liveness_wants,
         "liveness_stop_post": liveness_stop_post,
-        "source_path": path_value(m.main_path),
+        "source_path": m.main_path,
         "unit_directives": "\n".join(_directives(m.unit_directives)),
-        "user": f"User={m.user}" if m.user else "",
+        "user": m.user or "",
         "name": m.name,
         "run_dir": ENV_FILE_DIR,
         "environment": _environment(m, selector, pci),
         "exec_start_pre": _exec_start_pre(m, selector, pci, ignore),
         "exec_start": _engine_argv(m),
         "exec_start_post": "\n".join(post),
-        "exec_stop_post": f"ExecStopPost=+{stop_post}" if stop_post else "",
+        "exec_stop_post": stop_post,
         "timeout_start": _timeout_start(m, url),
         "kill_signal": _kill_signal(m),
         "timeout_stop": format_seconds(m.stop_timeout + STOP_MARGIN_S),

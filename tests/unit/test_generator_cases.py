@@ -209,20 +209,25 @@ def test_case(case: str, tmp_path: Path) -> None:
     check_golden(case, out, root)
 
 
-def test_fill_reads_every_template_as_format_map_would() -> None:
-    """render.fill splits each compiled template once; what it writes is what
-    str.format_map wrote (a line that is one placeholder is an optional
-    block: its newline only with a value), for empty and non-empty values."""
+def test_templates_are_rendered_strictly() -> None:
+    """The unit templates are jinja2's, rendered at run time: a value the
+    template uses and the generator did not give is an error (StrictUndefined),
+    never an empty string in a unit; an optional directive with no value
+    leaves no line."""
+    import jinja2
+
     from infer_units.generator import render
-    from infer_units.units.compiled import TEMPLATES
-    for name, lines in TEMPLATES.items():
-        optional = [l[1:-1] for l in lines if l.startswith("{") and l.endswith("}")
-                    and l.count("{") == 1 and l[1:-1].isidentifier()]
-        text = "".join(l if l[1:-1] in optional and l.startswith("{") else l + "\n" for l in lines)
-        fields = {f for l in lines for f in re.findall(r"{(\w+)}", l)}
-        assert fields, name
-        for empty in (False, True):
-            values = {f: "" if empty and f in optional else f"<{f} {{x}} %>" for f in fields}
-            expected = text.format_map({k: v + "\n" if k in optional and v else v
-                                        for k, v in values.items()})
-            assert render.fill(name, values) == expected, name
+    with pytest.raises(jinja2.UndefinedError):
+        render.fill("liveness-service", {"version": "1", "unit": "x.service"})
+    env = render.templates()
+    assert env.undefined is jinja2.StrictUndefined and not env.autoescape
+    names = {"version": "1", "sources": "a.toml", "description": "d %n", "liveness_wants": "",
+             "liveness_stop_post": "", "source_path": "/etc/a%.toml", "unit_directives": "",
+             "user": "", "name": "a", "run_dir": "/run/x", "environment": "",
+             "exec_start_pre": "ExecStartPre=+/bin/true", "exec_start": "/bin/serve",
+             "exec_start_post": "", "exec_stop_post": "", "kill_signal": "SIGTERM",
+             "timeout_start": "1min", "timeout_stop": "45s", "service_directives": ""}
+    text = render.fill("service", names)
+    assert "Description=d %%n\n" in text and "SourcePath=/etc/a%%.toml\n" in text
+    assert "\n\n\n" not in text and "User=" not in text and "ExecStopPost" not in text
+    assert "User=svc\n" in render.fill("service", {**names, "user": "svc"})

@@ -1,2 +1,2 @@
-"""Model files to systemd units.  Kept free of heavy imports: the generator runs
-on every daemon-reload and at boot (see bench/generator_bench.py)."""
+"""Model files to systemd units: the loader, the settings table, the model,
+the renderer and the generator entry point (docs/architecture.md)."""

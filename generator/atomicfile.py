@@ -25,29 +25,18 @@ every write here:
 Our own directories (ensure_dir) are created with mkdirat and then fchmod()
 to their fixed mode, whatever the caller's umask; an existing one is used
 only when it passes the same check.
-
-Imports only posix (os's C functions; paths.py says why not os itself), errno
-and stat: the generator and every hook use it.
 """
 
 from __future__ import annotations
 
 import errno
+import os
 import stat
+from types import TracebackType
 
-from .paths import is_normal, join
-
-TYPE_CHECKING = False
-if TYPE_CHECKING:
-    import os as posix      # the same functions; typeshed's posix lacks some O_ flags
-else:
-    import posix            # os's C module, not os: paths.py says why
-if TYPE_CHECKING:
-    from types import TracebackType
-
-_DIR_FLAGS = posix.O_RDONLY | posix.O_DIRECTORY | posix.O_NOFOLLOW | posix.O_CLOEXEC
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 # Walking: O_PATH needs no read permission (a non-root caller passes 0711 homes).
-_WALK_FLAGS = posix.O_PATH | posix.O_DIRECTORY | posix.O_NOFOLLOW | posix.O_CLOEXEC
+_WALK_FLAGS = os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _MAX_LINKS = 40          # the kernel's own limit for one path
 _TRIES = 32              # random temporary names drawn before giving up
 MAX_READ = 1 << 20       # our state files are a few KiB
@@ -73,10 +62,10 @@ def _owner(uid: int) -> str:
 
 
 def _trusted_owner(uid: int) -> bool:
-    return uid == 0 or uid == posix.geteuid()
+    return uid == 0 or uid == os.geteuid()
 
 
-def _check_dir(path: str, st: posix.stat_result, passing: bool) -> None:
+def _check_dir(path: str, st: os.stat_result, passing: bool) -> None:
     """Refuse a directory someone else could change.  `passing`: only walked
     through (a sticky directory like /tmp is fine there)."""
     if not _trusted_owner(st.st_uid):
@@ -95,49 +84,38 @@ def _check_dir(path: str, st: posix.stat_result, passing: bool) -> None:
 def _subdir(parent: int, parent_path: str, name: str, mode: int, passing: bool) -> int:
     """An fd of directory `name` in `parent`: made with exactly `mode` when
     missing, else checked.  O_NOFOLLOW: a symlink planted there is refused."""
-    path = join(parent_path, name)
+    path = os.path.join(parent_path, name)
     try:
-        posix.mkdir(name, 0o700, dir_fd=parent)     # fchmod below sets the real mode
+        os.mkdir(name, 0o700, dir_fd=parent)     # fchmod below sets the real mode
         created = True
     except FileExistsError:
         created = False                          # ours from before, or someone else's: checked
     try:
-        fd = posix.open(name, _DIR_FLAGS, dir_fd=parent)
+        fd = os.open(name, _DIR_FLAGS, dir_fd=parent)
     except OSError as e:
         if e.errno in (errno.ELOOP, errno.ENOTDIR):
-            st = posix.stat(name, dir_fd=parent, follow_symlinks=False)
+            st = os.stat(name, dir_fd=parent, follow_symlinks=False)
             raise UnsafePath(path, f"{_kind(st.st_mode)}, not a directory") from None
         raise
     try:
-        st = posix.fstat(fd)
-        if created and st.st_uid == posix.geteuid():
-            posix.fchmod(fd, mode)                  # the umask does not decide
+        st = os.fstat(fd)
+        if created and st.st_uid == os.geteuid():
+            os.fchmod(fd, mode)                  # the umask does not decide
         else:
             _check_dir(path, st, passing)
     except BaseException:
-        posix.close(fd)
+        os.close(fd)
         raise
     return fd
 
 
-def _abspath(path: str) -> str:
-    """os.path.abspath(path); os only for a path not already absolute and normal."""
-    if is_normal(path):
-        return path
-    import os
-    return os.path.abspath(path)
-
-
 def _down(where: str, name: str) -> str:
-    """os.path.normpath(os.path.join(where, name)) for a normal absolute
-    `where` and one component `name` (no '/', not '' or '.')."""
-    if name == "..":
-        return where.rpartition("/")[0] or "/"
-    return join(where, name)
+    """Where `name` (one component) leads from the directory `where`."""
+    return os.path.normpath(os.path.join(where, name))
 
 
 def _components(path: str) -> list[str]:
-    return [c for c in _abspath(path).split("/") if c and c != "."]
+    return [c for c in os.path.abspath(path).split("/") if c and c != "."]
 
 
 def _walk(path: str, create_mode: int | None) -> int:
@@ -145,22 +123,22 @@ def _walk(path: str, create_mode: int | None) -> int:
     directories created with create_mode (None: FileNotFoundError)."""
     todo = _components(path)
     todo.reverse()                       # a stack: symlink targets are pushed on it
-    fd = posix.open("/", _WALK_FLAGS)
+    fd = os.open("/", _WALK_FLAGS)
     where = "/"
     links = 0
     try:
-        _check_dir("/", posix.fstat(fd), passing=True)
+        _check_dir("/", os.fstat(fd), passing=True)
         while todo:
             name = todo.pop()
             last = not todo
-            here = join(where, name)
+            here = os.path.join(where, name)
             try:
-                st = posix.stat(name, dir_fd=fd, follow_symlinks=False)
+                st = os.stat(name, dir_fd=fd, follow_symlinks=False)
             except FileNotFoundError:
                 if create_mode is None:
                     raise FileNotFoundError(errno.ENOENT, "no such directory", here) from None
                 nxt = _subdir(fd, where, name, create_mode, passing=not last)
-                posix.close(fd)
+                os.close(fd)
                 fd = nxt
                 where = _down(where, name)
                 continue
@@ -172,29 +150,29 @@ def _walk(path: str, create_mode: int | None) -> int:
                 links += 1
                 if links > _MAX_LINKS:
                     raise OSError(errno.ELOOP, "too many levels of symbolic links", path)
-                target = posix.readlink(name, dir_fd=fd)
+                target = os.readlink(name, dir_fd=fd)
                 parts = [c for c in target.split("/") if c and c != "."]
                 todo.extend(reversed(parts))
                 if target.startswith("/"):
-                    posix.close(fd)
-                    fd = posix.open("/", _WALK_FLAGS)
+                    os.close(fd)
+                    fd = os.open("/", _WALK_FLAGS)
                     where = "/"
                 continue
             if not stat.S_ISDIR(st.st_mode):
                 raise NotADirectoryError(errno.ENOTDIR, "not a directory", here)
-            nxt = posix.open(name, _DIR_FLAGS if last else _WALK_FLAGS, dir_fd=fd)
-            posix.close(fd)
+            nxt = os.open(name, _DIR_FLAGS if last else _WALK_FLAGS, dir_fd=fd)
+            os.close(fd)
             fd = nxt
             where = _down(where, name)
-            _check_dir(where, posix.fstat(fd), passing=not last)
+            _check_dir(where, os.fstat(fd), passing=not last)
         if where == "/":                 # the path was / itself: a real fd, not O_PATH
-            nxt = posix.open("/", _DIR_FLAGS)
-            posix.close(fd)
+            nxt = os.open("/", _DIR_FLAGS)
+            os.close(fd)
             fd = nxt
-            _check_dir("/", posix.fstat(fd), passing=False)
+            _check_dir("/", os.fstat(fd), passing=False)
         return fd
     except BaseException:
-        posix.close(fd)
+        os.close(fd)
         raise
 
 
@@ -227,7 +205,7 @@ class Dir:
         for child in children.values():
             child.close()
         if self.fd >= 0:
-            posix.close(self.fd)
+            os.close(self.fd)
             self.fd = -1
 
     def _name(self, name: str) -> str:
@@ -239,7 +217,7 @@ class Dir:
         """Our subdirectory `name`, created with exactly `mode` when missing."""
         name = self._name(name)
         return Dir(_subdir(self.fd, self.path, name, mode, passing=False),
-                   join(self.path, name))
+                   os.path.join(self.path, name))
 
     def child(self, name: str, mode: int = 0o755) -> Dir:
         """sub(name, mode), opened once and kept open until this Dir closes:
@@ -251,30 +229,30 @@ class Dir:
 
     def _regular_or_missing(self, name: str) -> None:
         try:
-            st = posix.stat(name, dir_fd=self.fd, follow_symlinks=False)
+            st = os.stat(name, dir_fd=self.fd, follow_symlinks=False)
         except FileNotFoundError:
             return
         if not stat.S_ISREG(st.st_mode):
-            raise UnsafePath(join(self.path, name),
+            raise UnsafePath(os.path.join(self.path, name),
                              f"{_kind(st.st_mode)}, not a regular file: not replaced "
                              "(remove it if it is not yours)")
 
     def _temp(self, name: str, mode: int) -> tuple[str, int]:
         # A dot name: systemd and node_exporter's *.prom glob skip one left behind.
         for _ in range(_TRIES):
-            tmp = f".{name}.{posix.urandom(6).hex()}.tmp"
+            tmp = f".{name}.{os.urandom(6).hex()}.tmp"
             try:
-                fd = posix.open(tmp, posix.O_WRONLY | posix.O_CREAT | posix.O_EXCL | posix.O_NOFOLLOW |
-                             posix.O_CLOEXEC, mode, dir_fd=self.fd)
+                fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW |
+                             os.O_CLOEXEC, mode, dir_fd=self.fd)
             except FileExistsError:
                 continue
-            posix.fchmod(fd, mode)          # the umask does not decide
+            os.fchmod(fd, mode)          # the umask does not decide
             return tmp, fd
-        raise FileExistsError(errno.EEXIST, "no free temporary name", join(self.path, name))
+        raise FileExistsError(errno.EEXIST, "no free temporary name", os.path.join(self.path, name))
 
     def _discard(self, tmp: str) -> None:
         try:
-            posix.unlink(tmp, dir_fd=self.fd)
+            os.unlink(tmp, dir_fd=self.fd)
         except OSError:
             pass
 
@@ -292,17 +270,17 @@ class Dir:
             try:
                 view = memoryview(raw)
                 while view:
-                    view = view[posix.write(fd, view):]
+                    view = view[os.write(fd, view):]
                 if durable:
-                    posix.fsync(fd)
+                    os.fsync(fd)
             finally:
-                posix.close(fd)
-            posix.rename(tmp, name, src_dir_fd=self.fd, dst_dir_fd=self.fd)
+                os.close(fd)
+            os.rename(tmp, name, src_dir_fd=self.fd, dst_dir_fd=self.fd)
         except BaseException:
             self._discard(tmp)
             raise
         if durable:
-            posix.fsync(self.fd)
+            os.fsync(self.fd)
 
     def write_new(self, name: str, data: bytes | str, mode: int = 0o644) -> None:
         """write(), for a directory that is expected not to have `name` yet (a
@@ -315,93 +293,93 @@ class Dir:
         name = self._name(name)
         raw = data.encode("utf-8") if isinstance(data, str) else data
         try:
-            fd = posix.open(".", posix.O_WRONLY | posix.O_TMPFILE | posix.O_CLOEXEC, mode, dir_fd=self.fd)
+            fd = os.open(".", os.O_WRONLY | os.O_TMPFILE | os.O_CLOEXEC, mode, dir_fd=self.fd)
         except OSError:
             fd = -1         # no O_TMPFILE here (an old kernel, a filesystem without it)
         if fd >= 0:
             try:
-                posix.fchmod(fd, mode)          # the umask does not decide
+                os.fchmod(fd, mode)          # the umask does not decide
                 view = memoryview(raw)
                 while view:
-                    view = view[posix.write(fd, view):]
+                    view = view[os.write(fd, view):]
                 # linkat(2) of the fd's /proc link: the one way to name an
                 # O_TMPFILE file without CAP_DAC_READ_SEARCH (AT_EMPTY_PATH).
                 # It never replaces: an existing name is EEXIST, and write() below.
-                posix.link(f"/proc/self/fd/{fd}", name, dst_dir_fd=self.fd)
+                os.link(f"/proc/self/fd/{fd}", name, dst_dir_fd=self.fd)
                 return
             except (FileExistsError, FileNotFoundError):
                 pass        # the name is taken, or no /proc: write() below
             finally:
-                posix.close(fd)    # unlinked, the unnamed file is gone with its fd
+                os.close(fd)    # unlinked, the unnamed file is gone with its fd
         self.write(name, raw, mode)
 
     def symlink(self, name: str, target: str) -> None:
         """`name` -> target, replacing a link (or file) of that name atomically."""
         name = self._name(name)
         try:
-            posix.symlink(target, name, dir_fd=self.fd)       # atomic by itself
+            os.symlink(target, name, dir_fd=self.fd)       # atomic by itself
             return
         except FileExistsError:
             pass
-        st = posix.stat(name, dir_fd=self.fd, follow_symlinks=False)
+        st = os.stat(name, dir_fd=self.fd, follow_symlinks=False)
         if not (stat.S_ISLNK(st.st_mode) or stat.S_ISREG(st.st_mode)):
-            raise UnsafePath(join(self.path, name), f"{_kind(st.st_mode)}: not replaced")
+            raise UnsafePath(os.path.join(self.path, name), f"{_kind(st.st_mode)}: not replaced")
         for _ in range(_TRIES):
-            tmp = f".{name}.{posix.urandom(6).hex()}.tmp"
+            tmp = f".{name}.{os.urandom(6).hex()}.tmp"
             try:
-                posix.symlink(target, tmp, dir_fd=self.fd)
+                os.symlink(target, tmp, dir_fd=self.fd)
             except FileExistsError:
                 continue
             try:
-                posix.rename(tmp, name, src_dir_fd=self.fd, dst_dir_fd=self.fd)
+                os.rename(tmp, name, src_dir_fd=self.fd, dst_dir_fd=self.fd)
             except BaseException:
                 self._discard(tmp)
                 raise
             return
-        raise FileExistsError(errno.EEXIST, "no free temporary name", join(self.path, name))
+        raise FileExistsError(errno.EEXIST, "no free temporary name", os.path.join(self.path, name))
 
     def open_regular(self, name: str, flags: int, mode: int = 0o644) -> int:
         """An fd of regular file `name` (O_NOFOLLOW|O_NONBLOCK added: a link or
         a FIFO there is refused, never followed or waited on).  With O_CREAT
         a new file gets `mode` whatever the umask."""
         name = self._name(name)
-        flags |= posix.O_NOFOLLOW | posix.O_NONBLOCK | posix.O_CLOEXEC | posix.O_NOCTTY
+        flags |= os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY
         created = False
-        if flags & posix.O_CREAT:
+        if flags & os.O_CREAT:
             try:
-                fd = posix.open(name, flags | posix.O_EXCL, mode, dir_fd=self.fd)
+                fd = os.open(name, flags | os.O_EXCL, mode, dir_fd=self.fd)
                 created = True
             except FileExistsError:
-                flags &= ~posix.O_CREAT
+                flags &= ~os.O_CREAT
         if not created:
-            fd = posix.open(name, flags, dir_fd=self.fd)
+            fd = os.open(name, flags, dir_fd=self.fd)
         try:
-            st = posix.fstat(fd)
+            st = os.fstat(fd)
             if not stat.S_ISREG(st.st_mode):
-                raise UnsafePath(join(self.path, name),
+                raise UnsafePath(os.path.join(self.path, name),
                                  f"{_kind(st.st_mode)}, not a regular file")
             if created:
-                posix.fchmod(fd, mode)      # the umask does not decide
+                os.fchmod(fd, mode)      # the umask does not decide
         except BaseException:
-            posix.close(fd)
+            os.close(fd)
             raise
         return fd
 
     def read(self, name: str, limit: int = MAX_READ) -> bytes | None:
         """The file's bytes (at most `limit`), None when there is none."""
         try:
-            fd = self.open_regular(name, posix.O_RDONLY)
+            fd = self.open_regular(name, os.O_RDONLY)
         except FileNotFoundError:
             return None
         try:
             return _read_all(fd, limit)
         finally:
-            posix.close(fd)
+            os.close(fd)
 
     def unlink(self, name: str) -> bool:
         """False when there was nothing to remove."""
         try:
-            posix.unlink(self._name(name), dir_fd=self.fd)
+            os.unlink(self._name(name), dir_fd=self.fd)
             return True
         except FileNotFoundError:
             return False
@@ -410,7 +388,7 @@ class Dir:
 def _read_all(fd: int, limit: int) -> bytes:
     chunks = []
     while limit > 0:
-        chunk = posix.read(fd, min(limit, 1 << 16))
+        chunk = os.read(fd, min(limit, 1 << 16))
         if not chunk:
             break
         chunks.append(chunk)
@@ -420,20 +398,20 @@ def _read_all(fd: int, limit: int) -> bytes:
 
 def open_dir(path: str) -> Dir:
     """An existing directory, checked (see the module's docstring)."""
-    return Dir(_walk(path, None), _abspath(path))
+    return Dir(_walk(path, None), os.path.abspath(path))
 
 
 def ensure_dir(path: str, mode: int = 0o755) -> Dir:
     """Our directory: created (with its missing parents) with exactly `mode`,
     or an existing one that passes the check."""
-    return Dir(_walk(path, mode), _abspath(path))
+    return Dir(_walk(path, mode), os.path.abspath(path))
 
 
 def write_file(path: str, data: bytes | str, mode: int = 0o644, durable: bool = False,
                dir_mode: int | None = None) -> None:
     """Replace the file at `path` (Dir.write); dir_mode: create its directory
     (ours) with that mode when missing."""
-    directory, _, name = _abspath(path).rpartition("/")     # os.path.split of it
+    directory, _, name = os.path.abspath(path).rpartition("/")     # os.path.split of it
     directory = directory or "/"
     with (open_dir(directory) if dir_mode is None else ensure_dir(directory, dir_mode)) as d:
         d.write(name, data, mode, durable)
@@ -444,17 +422,17 @@ def read_file(path: str, limit: int = MAX_READ) -> bytes | None:
     `path` nor waits on a FIFO (OSError instead).  The directory is not
     checked: reading trusts what our writes made."""
     try:
-        fd = posix.open(path, posix.O_RDONLY | posix.O_NOFOLLOW | posix.O_NONBLOCK | posix.O_CLOEXEC |
-                     posix.O_NOCTTY)
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC |
+                     os.O_NOCTTY)
     except FileNotFoundError:
         return None
     try:
-        st = posix.fstat(fd)
+        st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
             raise UnsafePath(path, f"{_kind(st.st_mode)}, not a regular file")
         return _read_all(fd, limit)
     finally:
-        posix.close(fd)
+        os.close(fd)
 
 
 def read_text(path: str, limit: int = MAX_READ) -> str | None:

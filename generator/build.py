@@ -1,21 +1,20 @@
 """Load every model on the search path: the shared front half of the generator,
 `infer-units render` and `infer-units check`.
 
-No exception of one model file may take the others down (DESIGN.md, "Bad
-input"): every failure while loading, validating or rendering one model
+No exception of one model file may take the others down (docs/architecture.md): every failure while loading, validating or rendering one model
 becomes a ConfigError naming its file."""
 
 from __future__ import annotations
+
+import os
 
 from .conflicts import find_conflicts
 from .errors import ConfigError
 from .loader import (MAX_DEPTH, discover, forget_cache, is_path, load_model, name_error,
                      search_path)
 from .model import Model, build_model
-
-TYPE_CHECKING = False
-if TYPE_CHECKING:
-    from .render import RenderedUnit
+from .render import RenderedUnit, liveness_dropins, render
+from .systemd_quote import unit_text_problem
 
 
 class Loaded:
@@ -61,7 +60,6 @@ def load_all(names: list[str] | None = None, dirs: list[str] | None = None) -> L
     model_dirs = {name: dirs for name in found}
     wanted = {n.removesuffix(".service") for n in names or () if not is_path(n)}
     for arg in [n for n in names or () if is_path(n)]:
-        import os       # `check ./x.toml`: not on the generator's path (paths.py)
         path = os.path.abspath(arg)
         name = os.path.basename(path).removesuffix(".toml")
         wanted.add(name)
@@ -107,8 +105,6 @@ def render_checked(model: Model) -> list[RenderedUnit]:
     needs for the shipped template units (often none), with every failure (and
     any text systemd would read differently from what we meant) as a
     ConfigError naming the model file."""
-    from .render import liveness_dropins, render
-    from .systemd_quote import unit_text_problem
     try:
         units = [render(model), *liveness_dropins(model)]
     except Exception as e:          # noqa: BLE001

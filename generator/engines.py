@@ -1,54 +1,44 @@
 """What differs between inference servers, as data.  Their argv lives in the
 templates units/engines/<engine>.j2; this table holds what the code decides on.
 
-Each number here was read in the engine's sources (README.md, "Engines", says
+Each number here was read in the engine's sources (docs/engines.md says
 which version); the comments say where it comes from.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 
+
+@dataclass(frozen=True)
 class EngineSpec:
-    __slots__ = ("module", "default_executable", "tp_flag", "health_path", "probe_timeout",
-                 "stop_timeout", "drain_flag", "drain_rounds", "flags_from_env", "p2p_off_args", "p2p_off_env", "port_flags",
-                 "path_flags", "liveness_probe", "model_name_flag")
-
-    def __init__(self, module: str | None, default_executable: str | None, tp_flag: bool,
-                 health_path: str | None, probe_timeout: float, stop_timeout: float,
-                 drain_flag: str | None = None, drain_rounds: int = 1,
-                 flags_from_env: bool = False,
-                 p2p_off_args: tuple[str, ...] = (),
-                 p2p_off_env: tuple[tuple[str, str], ...] = (),
-                 port_flags: tuple[tuple[str, int], ...] = (),
-                 path_flags: tuple[tuple[str, str], ...] = (),
-                 liveness_probe: str = "health", model_name_flag: str | None = None) -> None:
-        self.module = module                      # python engines: `<python> -m <module>`
-        self.default_executable = default_executable  # binary engines (systemd's search path)
-        self.tp_flag = tp_flag                    # the server takes a tensor-parallel size
-        self.health_path = health_path            # default readiness endpoint
-        self.probe_timeout = probe_timeout        # one health request may take this long
-        self.stop_timeout = stop_timeout          # the server's own drain window
-        # The server's flag for its drain time (seconds): when the user's args
-        # set it, [stop] timeout defaults to it plus the engine's teardown.
-        self.drain_flag = drain_flag
-        self.drain_rounds = drain_rounds          # TGI waits it out for the router, then the shards
-        # Every flag can also come from the environment variable of its name
-        # (clap's `env`: --master-port <- MASTER_PORT); an explicit flag wins.
-        self.flags_from_env = flags_from_env
-        # argv and environment that turn off every peer-to-peer path that
-        # NCCL_P2P_DISABLE=1 does not reach
-        self.p2p_off_args = p2p_off_args
-        self.p2p_off_env = p2p_off_env
-        # Ports and paths the engine fixes by default, so two instances on one
-        # host collide: (flag, offset from the model's port) and (flag, pattern
-        # with {name}); rendered unless the user's args set the flag.
-        self.port_flags = port_flags
-        self.path_flags = path_flags
-        # [liveness] probe default: "generate" where /health does not touch the
-        # model (a one-token POST /v1/completions does); the flag that renames
-        # the model the API serves (the completion's "model" field).
-        self.liveness_probe = liveness_probe
-        self.model_name_flag = model_name_flag
+    module: str | None                  # python engines: `<python> -m <module>`
+    default_executable: str | None      # binary engines (systemd's search path)
+    tp_flag: bool                       # the server takes a tensor-parallel size
+    health_path: str | None             # default readiness endpoint
+    probe_timeout: float                # one health request may take this long
+    stop_timeout: float                 # the server's own drain window
+    # The server's flag for its drain time (seconds): when the user's args
+    # set it, [stop] timeout defaults to it plus the engine's teardown.
+    drain_flag: str | None = None
+    drain_rounds: int = 1               # TGI waits it out for the router, then the shards
+    # Every flag can also come from the environment variable of its name
+    # (clap's `env`: --master-port <- MASTER_PORT); an explicit flag wins.
+    flags_from_env: bool = False
+    # argv and environment that turn off every peer-to-peer path that
+    # NCCL_P2P_DISABLE=1 does not reach
+    p2p_off_args: tuple[str, ...] = ()
+    p2p_off_env: tuple[tuple[str, str], ...] = ()
+    # Ports and paths the engine fixes by default, so two instances on one
+    # host collide: (flag, offset from the model's port) and (flag, pattern
+    # with {name}); rendered unless the user's args set the flag.
+    port_flags: tuple[tuple[str, int], ...] = ()
+    path_flags: tuple[tuple[str, str], ...] = ()
+    # [liveness] probe default: "generate" where /health does not touch the
+    # model (a one-token POST /v1/completions does); the flag that renames
+    # the model the API serves (the completion's "model" field).
+    liveness_probe: str = "health"
+    model_name_flag: str | None = None
 
     @property
     def uses_executable(self) -> bool:

@@ -25,14 +25,12 @@ is render.py's.  This module imports neither.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Any
+
 from .errors import ConfigError
+from .loader import TEMP_EXTRA, MergedConfig
 from .paths import RUN_DIR
-
-TYPE_CHECKING = False
-if TYPE_CHECKING:
-    from typing import Any
-
-    from .loader import MergedConfig
 
 MIN_INTERVAL_S = 1.0     # a probe is a process start: more often is only noise
 # The probe service's own start timeout beyond the probe's: D-Bus calls and
@@ -43,17 +41,14 @@ STATE_DIR = RUN_DIR
 DROPIN = "50-liveness.conf"   # of the timer or the probe, when the template's values do not fit
 
 
+@dataclass(frozen=True)
 class Liveness:
-    __slots__ = ("interval", "failures", "timeout", "max_restarts", "restart_window", "probe")
-
-    def __init__(self, interval: float, failures: int, timeout: float, max_restarts: int,
-                 restart_window: float, probe: str = "health") -> None:
-        self.probe = probe      # "health" | "generate"
-        self.interval = interval
-        self.failures = failures
-        self.timeout = timeout
-        self.max_restarts = max_restarts
-        self.restart_window = restart_window
+    interval: float
+    failures: int
+    timeout: float
+    max_restarts: int
+    restart_window: float
+    probe: str = "health"       # "health" | "generate"
 
 
 def build_liveness(values: dict[str, Any], merged: MergedConfig,
@@ -88,7 +83,6 @@ def build_liveness(values: dict[str, Any], merged: MergedConfig,
     # and the probe's state NAME.liveness.json through its temporary name.
     longest = len(merged.name) + _longest_extra()
     if longest > UNIT_NAME_MAX:
-        from .loader import TEMP_EXTRA
         limit = UNIT_NAME_MAX - max(len(probe_name("")) + 2, TEMP_EXTRA + len(".liveness.json"))
         fail("liveness.interval", f"the model's name is too long for its liveness units "
              f"and state (names of up to {longest} characters, file and unit names "
@@ -104,7 +98,6 @@ _EXTRA: list[int] = []
 def _longest_extra() -> int:
     """What the longest name of a model's own (above) adds to the model's name."""
     if not _EXTRA:
-        from .loader import TEMP_EXTRA
         _EXTRA.append(max(len(probe_name("")) + 2, len(timer_name("")) + 2,
                           len(group_watch_name("")), TEMP_EXTRA + len(".liveness.json")))
     return _EXTRA[0]

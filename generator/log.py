@@ -18,18 +18,11 @@ stderr is never enough.  Where a message goes, first that works:
 
 from __future__ import annotations
 
+import os
+import socket
 import stat
 import sys
-
-from .paths import getenv
-
-TYPE_CHECKING = False
-if TYPE_CHECKING:
-    import os as posix      # the same functions; typeshed's posix lacks some O_ flags
-else:
-    import posix            # os's C module, not os: paths.py says why
-if TYPE_CHECKING:
-    from typing import Any, TextIO
+from typing import TextIO
 
 LEVELS = {"emerg": 0, "alert": 1, "crit": 2, "err": 3, "warning": 4,
           "notice": 5, "info": 6, "debug": 7}
@@ -39,7 +32,7 @@ REPORT_UNIT = "infer-units-generator-report.service"
 
 
 def _max_level() -> int:
-    raw = (getenv("SYSTEMD_LOG_LEVEL") or "info").strip().lower()
+    raw = (os.environ.get("SYSTEMD_LOG_LEVEL") or "info").strip().lower()
     if raw.isdigit():
         return min(int(raw), 7)
     return LEVELS.get(raw, 6)
@@ -49,15 +42,15 @@ def open_kmsg(path: str = KMSG) -> int | None:
     """A write fd on the kernel log, or None.  No O_CREAT: never make the file;
     O_NONBLOCK: a FIFO put there must not hang the boot."""
     try:
-        fd = posix.open(path, posix.O_WRONLY | posix.O_NOCTTY | posix.O_CLOEXEC | posix.O_NONBLOCK)
+        fd = os.open(path, os.O_WRONLY | os.O_NOCTTY | os.O_CLOEXEC | os.O_NONBLOCK)
     except OSError:
         return None
     try:
-        if stat.S_ISCHR(posix.fstat(fd).st_mode):
+        if stat.S_ISCHR(os.fstat(fd).st_mode):
             return fd
     except OSError:
         pass
-    posix.close(fd)
+    os.close(fd)
     return None
 
 
@@ -66,11 +59,11 @@ def stderr_is_for_people(stream: TextIO | None = None) -> bool:
     stream = sys.stderr if stream is None else stream
     try:
         fd = stream.fileno()
-        if posix.isatty(fd):
+        if os.isatty(fd):
             return True
-        journal = getenv("JOURNAL_STREAM") or ""
+        journal = os.environ.get("JOURNAL_STREAM") or ""
         if journal:
-            st = posix.fstat(fd)
+            st = os.fstat(fd)
             return journal == f"{st.st_dev}:{st.st_ino}"
     except (OSError, ValueError, AttributeError):
         pass
@@ -90,7 +83,7 @@ def say(priority: int, message: str, ident: str = "infer-units",
             return               # both closed: nowhere to say it
     message = message.replace("\n", " ")
     try:
-        tty = posix.isatty(stream.fileno())
+        tty = os.isatty(stream.fileno())
     except (OSError, ValueError, AttributeError):
         tty = False
     head = f"{ident}: " if ident else ""
@@ -99,19 +92,19 @@ def say(priority: int, message: str, ident: str = "infer-units",
     stream.flush()
 
 
-def journal_send(fields: dict[str, str], path: str = JOURNAL_SOCKET, sock: object = None) -> bool:
+def journal_send(fields: dict[str, str], path: str = JOURNAL_SOCKET,
+                 sock: socket.socket | None = None) -> bool:
     """One entry in journald's native protocol (FIELD=value, one a line);
     False when the journal cannot be reached.  The one writer of the journal
     socket: the generator and the liveness probe both use it."""
     payload = "".join(f"{k}={v.replace(chr(10), ' ')}\n" for k, v in fields.items())
     try:
-        import _socket   # the C module: socket.py would import enum, selectors
-        s = sock if sock is not None else _socket.socket(_socket.AF_UNIX, _socket.SOCK_DGRAM)
+        s = sock if sock is not None else socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
         try:
-            s.sendto(payload.encode("utf-8", "replace"), path)  # type: ignore[attr-defined]
+            s.sendto(payload.encode("utf-8", "replace"), path)
         finally:
             if sock is None:
-                s.close()  # type: ignore[attr-defined]
+                s.close()
         return True
     except OSError:
         return False
@@ -126,8 +119,8 @@ class GeneratorLog:
         self.journal_socket = journal_socket
         self.undelivered: list[tuple[int, str]] = []   # for the report unit
         self._kmsg: int | None = None
-        self._sock: Any = None
-        target = (getenv("SYSTEMD_LOG_TARGET") or "auto").strip().lower()
+        self._sock: socket.socket | None = None
+        target = (os.environ.get("SYSTEMD_LOG_TARGET") or "auto").strip().lower()
         # "stderr", "kmsg", "journal" or "auto" (kmsg, else journal, else report)
         if target in ("console", "console-prefixed") or stderr_is_for_people():
             self.sink = "stderr"
@@ -143,7 +136,7 @@ class GeneratorLog:
         message = message.replace("\n", " ")
         if self.sink == "kmsg" and self._kmsg is not None:
             try:
-                posix.write(self._kmsg, f"<{level}>{self.ident}[{posix.getpid()}]: {message}\n"
+                os.write(self._kmsg, f"<{level}>{self.ident}[{os.getpid()}]: {message}\n"
                          .encode("utf-8", "replace"))
                 return
             except OSError:
@@ -158,12 +151,11 @@ class GeneratorLog:
         """One datagram in journald's native protocol, on one socket for the run."""
         try:
             if self._sock is None:
-                import _socket
-                self._sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_DGRAM)
+                self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
         except OSError:
             return False
         return journal_send({"MESSAGE": message, "PRIORITY": str(level),
-                             "SYSLOG_IDENTIFIER": self.ident, "SYSLOG_PID": str(posix.getpid())},
+                             "SYSLOG_IDENTIFIER": self.ident, "SYSLOG_PID": str(os.getpid())},
                             self.journal_socket, self._sock)
 
     def error(self, message: str) -> None:
@@ -175,7 +167,7 @@ class GeneratorLog:
     def finish(self, out_dir: str) -> None:
         """What reached no log becomes a unit that logs it once journald runs."""
         if self._kmsg is not None:
-            posix.close(self._kmsg)
+            os.close(self._kmsg)
             self._kmsg = None
         if not self.undelivered:
             return

@@ -2,21 +2,18 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from .durations import MAX_SECONDS
-from .engines import ENGINE_SPECS, TEARDOWN_S, env_name, flag_value
+from .engines import ENGINE_SPECS, TEARDOWN_S, EngineSpec, env_name, flag_value
 from .errors import ConfigError
 from .liveness import Liveness, build_liveness
 from .loader import MergedConfig
+from .nodes import Nodes, build_nodes
 from .settings import (BUILTIN_IGNORE, BY_KEY, DERIVED, FIXED_TABLES, SETTINGS, is_env_name,
                        is_pci, no_control, scalar_text, show)
 
-TYPE_CHECKING = False   # typing/dataclasses are too slow to import here
-if TYPE_CHECKING:
-    from typing import Any
-
-    from .nodes import Nodes
-
-    Gpus = list[str | int] | str   # "all" or a list of selectors
+Gpus = list[str | int] | str   # "all" or a list of selectors
 
 
 class Model:
@@ -160,7 +157,6 @@ def build_model(merged: MergedConfig) -> Model:
     spec = ENGINE_SPECS[values["engine"]]
     nodes = None
     if not _NODES_KEYS.isdisjoint(flat) and any(values[key] is not None for key in _NODES_KEYS):
-        from .nodes import build_nodes     # one model across hosts: rare, and its own module
         nodes = build_nodes(values, merged, spec.health_path or "/health")
     instance_args, ports = _instance_ports(merged.name, values, spec, merged)
     if nodes is not None:
@@ -171,12 +167,9 @@ def build_model(merged: MergedConfig) -> Model:
     probe_timeout = _probe_timeout(values, spec)
     fields: dict[str, Any] = {"name": merged.name, "main_path": merged.main_path,
               "sources": tuple(merged.sources)}
-    # Every setting that is an attribute as it is (settings.SETTINGS says which;
-    # a map and a zip, not a loop of ours: a model has ~25)...
-    keys, attrs, _ = zip(*_DIRECT)
-    fields.update(zip(attrs, map(values.__getitem__, keys)))
-    for key, attr, convert in _CONVERTED:
-        fields[attr] = convert(values[key])
+    # Every setting that is an attribute as it is (settings.SETTINGS says which)...
+    for key, attr, convert in _DIRECT:
+        fields[attr] = values[key] if convert is None else convert(values[key])
     # ... and those derived from settings, the engine and the nodes.
     fields["nccl_env"] = nccl_env
     fields["reap_ignore"] = tuple(dict.fromkeys(BUILTIN_IGNORE + tuple(values["reap.ignore"])))
@@ -192,23 +185,22 @@ def build_model(merged: MergedConfig) -> Model:
 _NODES_KEYS = frozenset(s.key for s in SETTINGS if s.key.startswith("nodes."))   # all None by default
 # (key, Model attribute, conversion) of every setting the Model holds as it is.
 _DIRECT = tuple((s.key, s.attr, s.convert) for s in SETTINGS if s.attr != DERIVED)
-_CONVERTED = tuple((s.key, s.attr, s.convert) for s in SETTINGS
-                   if s.attr != DERIVED and s.convert is not None)
 _DEFAULTS = {s.key: s.default for s in SETTINGS}
 
 
-def _probe_timeout(v: dict[str, Any], spec: Any) -> float:
+def _probe_timeout(v: dict[str, Any], spec: EngineSpec) -> float:
     """[ready] probe-timeout, or the engine's; SGLang's /health may take up to
     SGLANG_HEALTH_CHECK_TIMEOUT (its [env] can raise it) to answer."""
-    if v["ready.probe-timeout"] is not None:
-        return v["ready.probe-timeout"]
+    given: float | None = v["ready.probe-timeout"]
+    if given is not None:
+        return given
     raised = v["env"].get("SGLANG_HEALTH_CHECK_TIMEOUT") if v["engine"] == "sglang" else None
     if raised is not None and raised.isascii() and raised.isdigit():
         return max(spec.probe_timeout, int(raised) + 10.0)
     return spec.probe_timeout
 
 
-def _given(v: dict[str, Any], spec: Any, flag: str) -> str | None:
+def _given(v: dict[str, Any], spec: EngineSpec, flag: str) -> str | None:
     """What the user set `flag` to: in args, or (clap engines) in [env]."""
     given = flag_value(v["args"], flag)
     if given is None and spec.flags_from_env:
@@ -216,7 +208,7 @@ def _given(v: dict[str, Any], spec: Any, flag: str) -> str | None:
     return given
 
 
-def _drain_seconds(v: dict[str, Any], spec: Any, merged: MergedConfig) -> float | None:
+def _drain_seconds(v: dict[str, Any], spec: EngineSpec, merged: MergedConfig) -> float | None:
     """The drain window the user's args (or, for TGI, its [env]) ask the
     server for: whole seconds, as vLLM (int) and TGI (u64) read them; any
     other value (nan, inf, -1, 1e20, 10s) is refused by name, never turned
@@ -238,7 +230,7 @@ def _drain_seconds(v: dict[str, Any], spec: Any, merged: MergedConfig) -> float 
     return float(int(given))
 
 
-def _stop_timeout(v: dict[str, Any], spec: Any, merged: MergedConfig) -> float:
+def _stop_timeout(v: dict[str, Any], spec: EngineSpec, merged: MergedConfig) -> float:
     """[stop] timeout, or the engine's default; never shorter than the drain
     the user's args ask the server for (vLLM --shutdown-timeout N)."""
     seconds = _drain_seconds(v, spec, merged)
@@ -252,10 +244,11 @@ def _stop_timeout(v: dict[str, Any], spec: Any, merged: MergedConfig) -> float:
                           + (f" (x{spec.drain_rounds}: router, then shards)"
                              if spec.drain_rounds > 1 else "")
                           + ": systemd would kill it draining")
-    return v["stop.timeout"]
+    timeout: float = v["stop.timeout"]
+    return timeout
 
 
-def _instance_ports(name: str, v: dict[str, Any], spec: Any, merged: MergedConfig,
+def _instance_ports(name: str, v: dict[str, Any], spec: EngineSpec, merged: MergedConfig,
                     ) -> tuple[tuple[tuple[str, str], ...], dict[str, int]]:
     """The engine's per-instance ports (derived from `port` unless args set
     them) and paths, so two models of one engine never share its defaults."""

@@ -13,15 +13,12 @@ running group) takes its workers through a restart too.
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
+from typing import Any
 
 from .errors import ConfigError
+from .loader import MergedConfig
 from .urls import bracketed, check_host, parse_host_port
-
-TYPE_CHECKING = False
-if TYPE_CHECKING:
-    from typing import Any
-
-    from .loader import MergedConfig
 
 # Engines with a multi-node runtime of their own; TensorRT-LLM needs an MPI
 # launcher, TGI and llama.cpp have none.
@@ -30,16 +27,13 @@ DEFAULT_RENDEZVOUS_PORT = 29500
 _LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
 
+@dataclass(frozen=True)
 class Nodes:
-    __slots__ = ("hosts", "rank", "addr_host", "addr_port", "head_url")
-
-    def __init__(self, hosts: tuple[str, ...], rank: int, addr_host: str, addr_port: int,
-                 head_url: str) -> None:
-        self.hosts = hosts            # every host, in rank order
-        self.rank = rank              # this host's
-        self.addr_host = addr_host    # rendezvous (SGLang --dist-init-addr, vLLM --master-addr)
-        self.addr_port = addr_port
-        self.head_url = head_url      # the head's health: the group's
+    hosts: tuple[str, ...]      # every host, in rank order
+    rank: int                   # this host's
+    addr_host: str              # rendezvous (SGLang --dist-init-addr, vLLM --master-addr)
+    addr_port: int
+    head_url: str               # the head's health: the group's
 
     @property
     def count(self) -> int:

@@ -6,18 +6,17 @@ reference in the README (`python3 -m infer_units.generator.settings` prints it).
 
 from __future__ import annotations
 
-from .durations import parse_duration
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
 
-# typing and dataclasses cost more than the generator's whole budget to import
-# (bench/generator_bench.py): names for the type checker only.
-TYPE_CHECKING = False
-if TYPE_CHECKING:
-    from typing import Any, Callable
+from . import nodes, urls
+from .durations import parse_duration
 
 ENGINES = ("sglang", "vllm", "trtllm", "tgi", "llamacpp", "command")
 
-# The GPU and host health checks pre-start applies (helpers/health.py; README
-# "GPU health"): the names `[health] accept` takes.
+# The GPU and host health checks pre-start applies (helpers/health.py;
+# docs/architecture.md): the names `[health] accept` takes.
 HEALTH_CHECKS = ("remapped-rows", "retired-pages", "xid", "ecc", "persistence", "fabric", "mig",
                  "hmm", "cc", "iommu", "acs", "nvidia-uvm")
 
@@ -26,7 +25,7 @@ BUILTIN_IGNORE = ("nvidia-persistenced", "nv-hostengine", "dcgm-exporter")
 # [reap] foreign; also the choices of the hooks' and the CLI's --foreign.
 REAP_FOREIGN = ("kill", "wait", "fail")
 
-# Plain character sets, not regular expressions: `re` is not imported on the
+# Plain character sets: what each check allows, readable at a glance
 # generator's path.
 _HEX = frozenset("0123456789abcdefABCDEF")
 _LETTERS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz")
@@ -77,8 +76,8 @@ def check_str(value: Any) -> str:
     return _no_nul(value)
 
 
-def check_nonempty_str(value: Any) -> str:
-    value = check_str(value)
+def check_nonempty_str(raw: Any) -> str:
+    value = check_str(raw)
     if not value:
         raise ValueError("must not be empty")
     return value
@@ -98,7 +97,7 @@ def show(value: Any, limit: int = 60) -> str:
 
 def no_control(value: str) -> str:
     """Refuse control characters (a newline or CR would start a new directive)."""
-    if not value.isprintable():      # fast path: most values are printable
+    if not value.isprintable():
         for ch in value:
             if ch in _CONTROL:
                 raise ValueError(f"contains the control character {ch!r}, "
@@ -106,57 +105,38 @@ def no_control(value: str) -> str:
     return value
 
 
-def check_line(value: Any) -> str:
+def check_line(raw: Any) -> str:
     """Text that lands verbatim on one unit line (Description=)."""
-    value = no_control(check_nonempty_str(value))
+    value = no_control(check_nonempty_str(raw))
     if value.endswith("\\"):
         raise ValueError("ends with a backslash, which systemd reads as a line continuation")
     return value
 
 
-def check_operand(value: Any) -> str:
+def check_operand(raw: Any) -> str:
     """A value the server takes after a flag (the model): not itself a flag."""
-    value = no_control(check_nonempty_str(value))
+    value = no_control(check_nonempty_str(raw))
     if value.startswith("-"):
         raise ValueError(f"{show(value)} starts with '-', so the server would read it as a flag")
     return value
 
 
-# urls.py and nodes.py are imported by the checks that need them: most
-# models set no URL, host or [nodes], and every module costs the generator
-# its import (bench/generator_bench.py).
-def check_url(value: Any) -> str:
+def check_url(raw: Any) -> str:
     """A health URL, read as every hook reads it (urls.py)."""
-    from .urls import parse_url
-    parse_url(check_str(value))
+    value = check_str(raw)
+    urls.parse_url(value)
     return value
 
 
 def check_host(value: Any) -> str:
     """The address the server binds: a name or an IP address, no port (urls.py)."""
-    from .urls import check_host as urls_check_host
-    return urls_check_host(check_str(value))
+    return urls.check_host(check_str(value))
 
 
-def check_hosts(value: Any) -> list[str]:
-    from .nodes import check_hosts as check
-    return check(value)
-
-
-def check_addr(value: Any) -> str:
-    from .nodes import check_addr as check
-    return check(value)
-
-
-def check_rank(value: Any) -> int:
-    from .nodes import check_rank as check
-    return check(value)
-
-
-def check_program(value: Any) -> str:
+def check_program(raw: Any) -> str:
     """The first word of an Exec line: an absolute, normalized path, or a bare
     name systemd looks up in its PATH (what `systemd-analyze verify` accepts)."""
-    value = no_control(check_nonempty_str(value))
+    value = no_control(check_nonempty_str(raw))
     # Printable text has no whitespace but " " (the loop's only question).
     for ch in "" if value.isprintable() else value:
         if ch != " " and (ch.isspace() or not ch.isprintable()):
@@ -196,10 +176,10 @@ _DIGITS = frozenset("0123456789")
 _USER_CHARS = _ENV_CHARS | frozenset("-")
 
 
-def check_user(value: Any) -> str:
+def check_user(raw: Any) -> str:
     """systemd's strict user name rules (what User= takes without a warning),
     or a numeric UID."""
-    value = check_nonempty_str(value)
+    value = check_nonempty_str(raw)
     if _DIGITS.issuperset(value):
         if (len(value) > 10 or (len(value) > 1 and value[0] == "0")
                 or int(value) > 4294967294 or int(value) == 65535):
@@ -227,15 +207,15 @@ def check_int(value: Any) -> int:
     return value
 
 
-def check_port(value: Any) -> int:
-    value = check_int(value)
+def check_port(raw: Any) -> int:
+    value = check_int(raw)
     if not 1 <= value <= 65535:
         raise ValueError(f"port {value} is outside 1..65535")
     return value
 
 
-def check_positive_int(value: Any) -> int:
-    value = check_int(value)
+def check_positive_int(raw: Any) -> int:
+    value = check_int(raw)
     if value < 1:
         raise ValueError(f"must be at least 1, got {value}")
     return value
@@ -251,10 +231,10 @@ def check_str_list(value: Any) -> list[str]:
     return list(value)
 
 
-def check_process_names(value: Any) -> list[str]:
+def check_process_names(raw: Any) -> list[str]:
     """Names handed to the hooks as `--ignore NAME`: a name that looks like a
     flag would make the hook fail at every start."""
-    value = check_str_list(value)
+    value = check_str_list(raw)
     for i, name in enumerate(value):
         try:
             check_operand(name)
@@ -263,8 +243,8 @@ def check_process_names(value: Any) -> list[str]:
     return value
 
 
-def check_argv(value: Any) -> list[str]:
-    value = check_str_list(value)
+def check_argv(raw: Any) -> list[str]:
+    value = check_str_list(raw)
     if not value:
         raise ValueError("must name at least the program to run")
     try:
@@ -338,8 +318,7 @@ def check_env_table(value: Any) -> dict[str, str]:
 # What the dynamic loader and glibc read at every program start, root's
 # included (glibc drops them only for setuid programs).  The unit's Environment=
 # reaches the root (+) hooks too, so one of these pointing at a directory the
-# service user writes would run their code as root: refused (README "Trust
-# model").  PYTHON* variables stay allowed: the hooks run `python3 -I`.
+# service user writes would run their code as root: refused (docs/trust.md).  PYTHON* variables stay allowed: the hooks run `python3 -I`.
 LOADER_ENV = frozenset({"GCONV_PATH", "GETCONF_DIR", "HOSTALIASES", "LOCALDOMAIN", "LOCPATH",
                         "MALLOC_TRACE", "NIS_PATH", "NLSPATH", "RESOLV_HOST_CONF",
                         "RES_OPTIONS", "TZDIR", "GLIBC_TUNABLES"})
@@ -477,9 +456,9 @@ def check_health_accept(value: Any) -> list[str]:
 
 def check_choice(choices: tuple[str, ...]) -> Callable[[Any], str]:
     def check(value: Any) -> str:
-        if value not in choices:
-            raise ValueError(f"{show(value)} is not one of: {', '.join(choices)}")
-        return value
+        if isinstance(value, str) and value in choices:
+            return value
+        raise ValueError(f"{show(value)} is not one of: {', '.join(choices)}")
     return check
 
 
@@ -490,24 +469,27 @@ def _tuple_or_none(value: Any) -> Any:
 # Setting(attr=DERIVED): no Model attribute of its own; generator/model.py
 # derives one from it and other values (the engine's defaults, the nodes).
 DERIVED = ""
+_FROM_KEY = "(the key as a name)"
 
 
+@dataclass
 class Setting:
     """One key: how it is read (check), its default, its help line in the
     docs, and the Model attribute it becomes (model.py fills those from this
     table: no setting is copied by hand)."""
-    __slots__ = ("key", "check", "default", "help", "attr", "convert")
 
-    def __init__(self, key: str, check: Callable[[Any], Any], default: Any, help: str,
-                 attr: str | None = None, convert: Callable[[Any], Any] | None = None) -> None:
-        self.key = key          # dotted: "reap.term-grace"
-        self.check = check      # validates and normalizes; ValueError with the reason
-        self.default = default  # None: unset unless the engine supplies it
-        self.help = help
-        # Model attribute: by default the key as a name ("reap_term_grace");
-        # DERIVED: model.py computes the attribute from this and more.
-        self.attr = key.replace(".", "_").replace("-", "_") if attr is None else attr
-        self.convert = convert  # checked value -> the Model's (lists become tuples)
+    key: str                        # dotted: "reap.term-grace"
+    check: Callable[[Any], Any]     # validates and normalizes; ValueError with the reason
+    default: Any                    # None: unset unless the engine supplies it
+    help: str
+    # Model attribute: by default the key as a name ("reap_term_grace");
+    # DERIVED: model.py computes the attribute from this and more.
+    attr: str = _FROM_KEY
+    convert: Callable[[Any], Any] | None = None    # checked value -> the Model's
+
+    def __post_init__(self) -> None:
+        if self.attr == _FROM_KEY:
+            self.attr = self.key.replace(".", "_").replace("-", "_")
 
 
 SETTINGS: tuple[Setting, ...] = (
@@ -555,12 +537,12 @@ SETTINGS: tuple[Setting, ...] = (
             "How long the server may drain after SIGTERM; default per engine (TGI 180s: "
             "90s for its router, then for its shards; SGLang 60s; others 30s; more when args set "
             "the server's own drain time). TimeoutStopSec= is derived from it.", attr=DERIVED),
-    Setting("nodes.hosts", check_hosts, None,
+    Setting("nodes.hosts", nodes.check_hosts, None,
             "One model across hosts: every host, in rank order (sglang, vllm).", attr=DERIVED),
-    Setting("nodes.addr", check_addr, None,
+    Setting("nodes.addr", nodes.check_addr, None,
             "Rendezvous host:port (SGLang --dist-init-addr, vLLM --master-addr/--master-port); "
             "default: the first host, port 29500.", attr=DERIVED),
-    Setting("nodes.rank", check_rank, None,
+    Setting("nodes.rank", nodes.check_rank, None,
             "This host's rank; default: its name's position in hosts (set it in a host-local "
             "drop-in).", attr=DERIVED),
     Setting("nodes.head-url", check_url, None,

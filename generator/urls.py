@@ -16,24 +16,23 @@ imports: it is on the generator's path (no socket, ipaddress or re there).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 _HEX = frozenset("0123456789abcdefABCDEF")
 _DIGITS = frozenset("0123456789")
 _LABEL = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_")
 DEFAULT_PORTS = {"http": 80, "https": 443}
 
 
+@dataclass(frozen=True)
 class Url:
     """A parsed health URL.  `target` is what goes on the request line."""
 
-    __slots__ = ("scheme", "host", "port", "explicit_port", "target")
-
-    def __init__(self, scheme: str, host: str, port: int, explicit_port: bool,
-                 target: str) -> None:
-        self.scheme = scheme            # "http" | "https"
-        self.host = host                # a name or IP address, IPv6 without brackets
-        self.port = port                # explicit, else the scheme's
-        self.explicit_port = explicit_port
-        self.target = target            # path and query, "/" at least
+    scheme: str             # "http" | "https"
+    host: str               # a name or IP address, IPv6 without brackets
+    port: int               # explicit, else the scheme's
+    explicit_port: bool
+    target: str             # path and query, "/" at least
 
     @property
     def authority(self) -> str:
@@ -46,10 +45,6 @@ class Url:
 
     def with_target(self, target: str) -> Url:
         return Url(self.scheme, self.host, self.port, self.explicit_port, target)
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, Url) and all(
-            getattr(self, s) == getattr(other, s) for s in self.__slots__)
 
     def __repr__(self) -> str:
         return f"Url({self.text()!r})"

@@ -141,6 +141,9 @@ class Reaper:
         self._last_unaccounted = -1
         self._warned_unseen = False
         self._stopped_units: set[str] = set()
+        # When each set of holders had its SIGTERM (monotonic): the grace runs
+        # from there for every member, the ones that appear later included.
+        self._termed: dict[str, float] = {}
 
     def _attribute(self) -> Attribution:
         return attribute(self.backend, self.gpus, self.own_unit, self.policy.ignore)
@@ -205,7 +208,6 @@ class Reaper:
     def _run(self) -> None:
         policy = self.policy
         deadline = self.started + policy.term_grace + policy.timeout
-        rounds = 0
         with PidSet() as pids:
             while True:
                 seen = self._attribute()
@@ -252,7 +254,6 @@ class Reaper:
                         _log(f"would wait for pid {h.info.pid}: {h.info.cmdline} -- {h.why}")
                     self.result.message = "dry run"
                     return
-                rounds += 1
                 for h in to_kill + to_wait:
                     pids.add(h.info)
                 # The pidfds now pin the processes: ask the backend again, so a
@@ -261,7 +262,10 @@ class Reaper:
                 self._drop_non_users(pids, to_kill + to_wait)
                 self._reap_round(pids, [h for h in to_kill if h.info.pid in pids.fds],
                                  to_kill + to_wait, deadline)
-                if time.monotonic() >= deadline or rounds > 50:
+                # No cap on rounds: a holder that forks a copy of itself on
+                # SIGTERM is met again in the next round, its set's grace
+                # already running, until the timeout (docs/trust.md).
+                if time.monotonic() >= deadline:
                     self._time_out(pids)
                     return
 
@@ -339,10 +343,23 @@ class Reaper:
 
     def _reap_round(self, pids: PidSet, to_kill: list[Holder], tracked: list[Holder],
                     deadline: float) -> None:
-        """TERM, wait for grace, KILL, wait for exit, then until the backend agrees."""
-        grace_end = min(deadline, time.monotonic() + self.policy.term_grace)
+        """TERM, wait for grace, KILL, wait for exit, then until the backend
+        agrees.  A holder is a set (holder_set): the first member met gets
+        SIGTERM and starts the set's grace; a member met later (a copy it
+        forked on SIGTERM, with the GPU's fds) gets no SIGTERM of its own,
+        and every member still there when the set's grace is over gets
+        SIGKILL."""
+        now = time.monotonic()
         for h in to_kill:
-            if h.info.pid in pids.fds:
+            key = holder_set(h)
+            if key not in self._termed and h.info.pid in pids.fds:
+                self._termed[key] = now
+        # The latest grace of the sets met in this round: no member is killed
+        # before its own set's grace is over.
+        grace_end = min(deadline, max([now] + [self._termed[holder_set(h)] + self.policy.term_grace
+                                               for h in to_kill if holder_set(h) in self._termed]))
+        for h in to_kill:
+            if h.info.pid in pids.fds and self._termed.get(holder_set(h)) == now:
                 self._signal(pids, h, signal.SIGTERM, h.why)
         progress = Progress("waiting for GPU users to exit")
         started = time.monotonic()
@@ -359,8 +376,11 @@ class Reaper:
         killed = []
         for h in to_kill:
             if h.info.pid in pids.fds:
+                first = h.info.pid in {a.pid for a in self.result.actions if a.signal == "SIGTERM"}
                 self._signal(pids, h, signal.SIGKILL,
-                             f"still alive {self.policy.term_grace:g}s after SIGTERM")
+                             f"still alive {self.policy.term_grace:g}s after SIGTERM" if first
+                             else f"its set ({holder_set(h)}) had SIGTERM "
+                                  f"{self.policy.term_grace:g}s ago")
                 killed.append(h)
         if killed and self.backend.cheap_users:
             # The memory is the event: stop waiting for a killed process as soon
@@ -419,6 +439,15 @@ class Reaper:
                  f"wchan {item['wchan']} {item['note']}".rstrip()
                  + f" ({item['unit'] or 'no unit'}): {item['cmdline']}")
         self.result.message = "timed out with holders left"
+
+
+def holder_set(holder: Holder) -> str:
+    """The set a holder belongs to: the processes of its user on the GPUs
+    being reaped (own leftovers: the unit's).  A process cannot leave its
+    account the way it can leave its process group (setsid) or pick a name."""
+    if holder.kind == OWN:
+        return "own leftovers"
+    return f"user {holder.info.user}"
 
 
 def _hands_off_message(holders: list[Holder]) -> str:

@@ -8,7 +8,9 @@ from __future__ import annotations
 import os
 import pwd
 import secrets
+import signal
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -103,5 +105,48 @@ def test_a_user_cannot_hold_a_gpus_claim_lock(attacker, public: Path, monkeypatc
         assert holder.stdout.readline().strip() != "locked", "the attacker holds root's claim lock"
         assert GpuClaims([GPU], "model-b.service").acquire(timeout=1.0) == []
     finally:
+        holder.kill()
+        holder.communicate()
+
+
+# ------------------------------------------------------------------ 3: a holder is a set
+
+FORKS_ON_TERM = r"""
+import os, signal, sys, time
+held = open(sys.argv[1], "rb")
+def again(*_):
+    # A copy that keeps the GPU's fd goes on; this one leaves.
+    if os.fork() != 0:
+        os._exit(0)
+signal.signal(signal.SIGTERM, again)
+print("ready", flush=True)
+while True:
+    time.sleep(0.05)
+"""
+
+
+def test_a_holder_that_forks_on_sigterm_is_ended_with_its_copies(attacker, public: Path) -> None:
+    """Signalled pid by pid with a cap on rounds, such a holder made
+    `reap --term-grace 2s --timeout 20s` end "timed out with holders left"
+    in under a second, and the user kept the GPU."""
+    from infer_units.helpers.act.reaper import Reaper, ReapPolicy
+    from infer_units.helpers.facts.gpus import FakeBackend, fd_holders
+    from tests.support import PYTHON, FakeGpus
+    gpus = FakeGpus(public / "gpus", count=1)
+    device = str(gpus.devices[0])
+    holder = as_attacker(attacker, PYTHON, "-I", "-c", FORKS_ON_TERM, device)
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "ready"
+        backend = FakeBackend(str(gpus.table))
+        started = time.monotonic()
+        result = Reaper(backend, backend.gpus(), None, ReapPolicy("kill", 2.0, 20.0)).run()
+        took = time.monotonic() - started
+        assert result.exit_code == 0, (result.message, result.left)
+        assert fd_holders({device}) == {}, "the attacker's copy kept the GPU"
+        assert took >= 2.0, took           # the grace was given before SIGKILL
+        assert any(a.signal == "SIGKILL" for a in result.actions), result.actions
+    finally:
+        for pid in fd_holders({device}):
+            os.kill(pid, signal.SIGKILL)
         holder.kill()
         holder.communicate()

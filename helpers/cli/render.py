@@ -86,28 +86,38 @@ def render(names: tuple[str, ...], output: str | None, as_json: bool) -> None:
 def check(names: tuple[str, ...], as_json: bool, verify: bool) -> None:
     """Validate model files: NAMES on the search path, or PATHS anywhere.
 
-    Also GPU and port overlaps between models, and what systemd-analyze verify
-    says of the units they would get (warnings); exit 1 on any error."""
+    Also GPU and port overlaps between models, GPUs this host does not have
+    (when its GPUs can be listed), model paths missing on this host
+    (warnings), and what systemd-analyze verify says of the units they would
+    get (warnings); exit 1 on any error."""
     from ...generator.build import load_all, render_checked
     from ...generator.errors import ConfigError
 
     loaded = load_all(list(names))
     problems: list[Any] = [*loaded.errors, *loaded.missing_errors(), *loaded.conflicts]
     passed: list[dict[str, str]] = []
-    for problem in problems:
-        click.echo(f"error: {problem}", err=True)
+    warnings: list[str] = []
     rendered = []
+    gpus = _host_gpus()
     for model in loaded.models:
         try:
             units = render_checked(model)
         except ConfigError as e:
-            click.echo(f"error: {e}", err=True)
             problems.append(e)
             continue
         rendered += units
-        passed.append({"path": model.main_path, "unit": model.unit_name})
-        if not as_json:
-            click.echo(f"ok: {model.main_path} -> {model.unit_name}")
+        problems += _host_problems(model, gpus)
+        warnings += _host_warnings(model)
+        # A file named by any error (a clash with another model included) is not ok.
+        if not any(model.name in _models_named(p) for p in problems):
+            passed.append({"path": model.main_path, "unit": model.unit_name})
+    for problem in problems:
+        click.echo(f"error: {problem}", err=True)
+    for warning in warnings:
+        click.echo(f"warning: {warning}", err=True)
+    if not as_json:
+        for ok in passed:
+            click.echo(f"ok: {ok['path']} -> {ok['unit']}")
     findings = None
     if verify and rendered:
         from .verify import verify_units
@@ -120,5 +130,53 @@ def check(names: tuple[str, ...], as_json: bool, verify: bool) -> None:
     code = CONFIG_ERROR if problems else CLEAN
     if as_json:
         echo_json({"ok": passed, "errors": [str(p) for p in problems],
-                   "verify": findings, "exit": code})
+                   "warnings": warnings, "verify": findings, "exit": code})
     sys.exit(code)
+
+
+def _host_gpus() -> list[Any] | None:
+    """This host's GPUs, or None when no GPU backend answers (a build host)."""
+    from ..facts.gpus import GpuError, backend
+    try:
+        return backend().gpus()
+    except GpuError:
+        return None
+
+
+def _host_problems(model: Any, gpus: list[Any] | None) -> list[Any]:
+    """What would refuse the model's start on this host, found now."""
+    from ...generator.errors import ConfigError
+    from ..facts.gpus import GpuError, select
+    selector = model.gpu_selector()
+    if gpus is None or selector is None:
+        return []
+    try:
+        select(gpus, selector)
+    except GpuError as e:
+        have = ", ".join(str(g.index) for g in gpus) or "none"
+        error = ConfigError(model.main_path, "gpus", f"{e} (this host's GPUs: {have})")
+        error.model = model.name
+        return [error]
+    return []
+
+
+def _host_warnings(model: Any) -> list[str]:
+    """A model path that is absolute and missing here: the server will not
+    find it (a hub id is the engine's to fetch)."""
+    path = model.model
+    if isinstance(path, str) and path.startswith("/") and not os.path.exists(path):
+        return [f"{model.main_path}: model: {path} does not exist on this host"]
+    return []
+
+
+def _models_named(problem: Any) -> set[str]:
+    """The models an error is about: its file's, and the other of a clash."""
+    return {n for n in (getattr(problem, "model", None), getattr(problem, "other", None),
+                        file_model_name(str(getattr(problem, "path", "")))) if n}
+
+
+def file_model_name(path: str) -> str:
+    """The model a file belongs to: x.toml, x.toml.d/10-y.toml -> "x"."""
+    base = path.rsplit("/", 1)[-1]
+    parent = path.rsplit("/", 2)[-2] if path.count("/") >= 2 else ""
+    return parent[:-len(".toml.d")] if parent.endswith(".toml.d") else base.removesuffix(".toml")

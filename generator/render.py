@@ -63,7 +63,8 @@ def templates() -> jinja2.Environment:
     import jinja2
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(TEMPLATE_DIR),
                              undefined=jinja2.StrictUndefined, autoescape=False,
-                             keep_trailing_newline=True, trim_blocks=True)
+                             keep_trailing_newline=True, trim_blocks=True,
+                             auto_reload=False)   # one run: no stat of each template per use
     env.filters.update(exec_word=exec_word, plain_value=plain_value, path_value=path_value)
     return env
 

@@ -142,9 +142,11 @@ def p2p_check(selector: str, env_file: str | None, python: str, timeout: float,
 @click.argument("names", nargs=-1, shell_complete=complete_model_names)
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def status(names: tuple[str, ...], as_json: bool) -> None:
-    """systemd state, GPUs, memory and health of every model (or NAMES).
+    """systemd state, GPUs, memory and health of every model (or NAMES), and
+    why: a drained host, a crash loop, a foreign process on a model's port.
     Exit 0 when none has failed; 3 when one has (like `systemctl status`);
-    1 for an unknown name or when systemd cannot be asked."""
+    1 for an unknown name, a model file that does not load, or when systemd
+    cannot be asked."""
     from .status import collect, exit_code, table
     report = collect(list(names))
     if as_json:
@@ -152,7 +154,13 @@ def status(names: tuple[str, ...], as_json: bool) -> None:
     else:
         click.echo(table(report))
     for name in report["unknown"]:
-        click.echo(f"infer-units: no model file named {name}.toml on the search path", err=True)
+        close = report["suggestions"].get(name)
+        click.echo(f"infer-units: no model file named {name}.toml on the search path"
+                   + (f" (did you mean {close}?)" if close else ""), err=True)
+    if report["errors"]:
+        click.echo(f"infer-units: {len(report['errors'])} model file error(s) (above): a model "
+                   "whose file does not load has no unit; `infer-units check` shows each",
+                   err=True)
     for error in sorted({m["systemd"]["error"] for m in report["models"]
                          if not m["systemd"]["available"]}):
         click.echo(f"infer-units: systemd's view unavailable: {error}", err=True)

@@ -16,6 +16,7 @@ from ..act.liveness import cell as liveness_cell, view as liveness_view
 from ..act.metrics import load_state
 from ..act.ready import probe
 from ..facts.systemd import SystemdUnavailable, unit_state
+from .render import file_model_name
 from .table import format_table
 
 SCHEMA_VERSION = 1
@@ -63,21 +64,70 @@ def _rss_mib(pid: int) -> int | None:
         return None
 
 
-def model_status(model: Model) -> dict[str, Any]:
+def _port_view(model: Model, unit_active: bool) -> dict[str, Any] | None:
+    """Who listens on the model's port when it is not the model: a foreign
+    answer is never shown as the model's health."""
+    if not model.port:
+        return None
+    from ..decide.identity import in_unit
+    from ..facts.ports import port_users
+    users = port_users(model.port)
+    if users is None:
+        return {"foreign": [], "out_of_sight": True}
+    foreign = [{"pid": i.pid, "comm": i.comm, "user": i.user, "how": how,
+                "where": i.unit or i.container or i.cgroup, "cmdline": i.cmdline[:200]}
+               for i, how in users if not (unit_active and in_unit(i.cgroup, model.unit_name))]
+    return {"foreign": foreign, "out_of_sight": False}
+
+
+def _why(entry: dict[str, Any], fence: dict[str, Any] | None) -> list[str]:
+    """What the state alone does not say: a drained host, a crash loop and
+    its last exit, a foreign process on the model's port."""
+    why: list[str] = []
+    sd = entry["systemd"]
+    active = sd.get("active_state") == "active"
+    if fence is not None and not active:
+        since = f" since {fence['since_text']}" if fence.get("since_text") else ""
+        why.append(f"drained by `infer-units drain`{since}: starts are refused until "
+                   "`infer-units resume`")
+    if sd.get("available") and (sd.get("sub_state") == "auto-restart"
+                                or (sd.get("active_state") == "activating"
+                                    and sd.get("restarts", 0) > 0)):
+        status = sd.get("exec_main_status") or 0
+        last = f"last result {sd.get('result') or '?'}"
+        if status:
+            last += f", main process exit status {status}"
+        why.append(f"crash loop: {sd.get('restarts', 0)} automatic restart(s), {last}; "
+                   f"the failing step's reason: journalctl -u {entry['unit']} -p err")
+    port = entry.get("port_view")
+    if port and port["foreign"]:
+        who = "; ".join(f"pid {p['pid']} ({p['comm']}, user {p['user']}, {p['where']}, "
+                        f"{p['how']})" for p in port["foreign"])
+        why.append(f"port {entry['port']} is held by a process not of {entry['unit']}: {who}")
+    return why
+
+
+def model_status(model: Model, fence: dict[str, Any] | None = None) -> dict[str, Any]:
     entry: dict[str, Any] = {"name": model.name, "unit": model.unit_name,
                              "source": model.main_path, "engine": model.engine,
                              "port": model.port, "health_url": health_url(model)}
     try:
         state = unit_state(model.unit_name)
-        entry["systemd"] = {"available": True, **state.as_json()}
+        entry["systemd"] = {"available": True, **state.as_json(),
+                            "exec_main_status": state.exec_main_status}
         entry["since_s"] = (round(time.time() - state.active_since_us / 1e6, 1)
                             if state.active_since_us and state.active_state == "active" else None)
         entry["main_rss_mib"] = _rss_mib(state.main_pid)
     except SystemdUnavailable as e:
         entry["systemd"] = {"available": False, "error": str(e)}
     entry["gpu"] = _gpu_view(model)
+    active = entry["systemd"].get("active_state") == "active"
+    entry["port_view"] = _port_view(model, active)
     url = entry["health_url"]
-    if url:
+    if url and entry["port_view"] and entry["port_view"]["foreign"]:
+        entry["health"] = {"ok": False, "answer": "not the model's: a foreign port holder",
+                           "foreign": True}
+    elif url:
         ok, answer = probe(url, 2.0)
         entry["health"] = {"ok": ok, "answer": answer}
     else:
@@ -86,6 +136,7 @@ def model_status(model: Model) -> dict[str, Any]:
     if model.nodes is not None:
         entry["nodes"] = _nodes_view(model, entry)
     entry["liveness"] = liveness_view(model)
+    entry["why"] = _why(entry, fence)
     return entry
 
 
@@ -107,26 +158,44 @@ def _nodes_view(model: Model, entry: dict[str, Any]) -> dict[str, Any]:
             "group": group}
 
 
+def _fence() -> dict[str, Any] | None:
+    from ..decide.fence import FenceError, path, read
+    try:
+        record = read()
+    except FenceError as e:
+        return {"path": path(), "error": str(e)}
+    return None if record is None else {"path": path(), **record}
+
+
 def collect(names: list[str]) -> dict[str, Any]:
-    """"unknown": names given that no model file has (the CLI exits 1)."""
+    """"unknown": names given that no model file has (the CLI exits 1), each
+    with the closest known name in "suggestions"."""
     loaded = load_all(names)
     unknown = unknown_names(names, loaded)
+    fence = _fence()
     return {"schema": SCHEMA_VERSION,
-            "models": [model_status(m) for m in loaded.models],
+            "models": [model_status(m, fence) for m in loaded.models],
             "errors": [str(e) for e in loaded.errors + loaded.conflicts],
-            "unknown": unknown}
+            "unknown": unknown,
+            "suggestions": suggestions(unknown),
+            "fence": fence}
+
+
+def suggestions(unknown: list[str]) -> dict[str, str]:
+    """name -> the known model name it is most likely a typo of."""
+    if not unknown:
+        return {}
+    import difflib
+    from ...generator.loader import discover
+    known = sorted(discover()[0])
+    close = {n: difflib.get_close_matches(n, known, n=1) for n in unknown}
+    return {n: match[0] for n, match in close.items() if match}
 
 
 def unknown_names(names: list[str], loaded: Any) -> list[str]:
     """Names given that no model file has (status and doctor exit 1)."""
-    known = {m.name for m in loaded.models} | {_file_name(str(e.path)) for e in loaded.errors}
+    known = {m.name for m in loaded.models} | {file_model_name(str(e.path)) for e in loaded.errors}
     return sorted({n.removesuffix(".service") for n in names} - known)
-
-
-def _file_name(path: str) -> str:
-    base = path.rsplit("/", 1)[-1]
-    parent = path.rsplit("/", 2)[-2] if path.count("/") >= 2 else ""
-    return parent[:-len(".toml.d")] if parent.endswith(".toml.d") else base.removesuffix(".toml")
 
 
 def _age(seconds: float | None) -> str:
@@ -174,15 +243,28 @@ def table(report: dict[str, Any]) -> str:
             notes.append(f"{m['name']}: GPUs unknown: {gpu['error']}")
         health = m["health"]
         answer = "-" if health is None else ("ok" if health["ok"] else health["answer"][:30])
+        if health is not None and health.get("foreign"):
+            answer = "foreign"
+        # Liveness probes only an active unit: its last probe says nothing of a stopped one.
+        live = liveness_cell(m.get("liveness")) if sd.get("active_state") == "active" or \
+            m.get("liveness") is None else "- (not active)"
         rows.append((m["name"], state, pid, _age(m.get("since_s")), restarts, gpus, mem,
-                     str(m["port"] or "-"), answer, liveness_cell(m.get("liveness"))))
+                     str(m["port"] or "-"), answer, live))
+        notes += [f"{m['name']}: {why}" for why in m.get("why", [])]
     lines = format_table(rows)
+    fence = report.get("fence")
+    if fence is not None:
+        lines.append(f"note: this host is drained (fence {fence['path']}): no model starts "
+                     "until `infer-units resume`" + (f"; {fence['error']}" if "error" in fence
+                                                     else ""))
     lines += [f"error: {e}" for e in report["errors"]] + [f"note: {n}" for n in notes]
     return "\n".join(lines)
 
 
 # Exit codes of `infer-units status` (README "Commands"):
-#   1  an unknown name, or systemd could not be asked about some model: like
+#   1  an unknown name, a model file that failed to load (its unit does not
+#      exist: `systemctl start` would say "not found"), or systemd could not
+#      be asked about some model: like
 #      systemctl without a running systemd ("System has not been booted with
 #      systemd", exit 1); the report cannot say whether models run.
 #   3  a model is failed: `systemctl status` exits 3 for a unit that is not
@@ -196,7 +278,8 @@ FAILED = 3
 def exit_code(report: dict[str, Any]) -> int:
     from ..exitcodes import CLEAN, CONFIG_ERROR
     models = report["models"]
-    if report["unknown"] or any(not m["systemd"]["available"] for m in models):
+    if report["unknown"] or report["errors"] or \
+            any(not m["systemd"]["available"] for m in models):
         return CONFIG_ERROR
     if any(m["systemd"].get("active_state") == "failed" for m in models):
         return FAILED

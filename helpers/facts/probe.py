@@ -2,27 +2,29 @@
 multi-node worker all ask a server's health through it, on a URL read by the
 one parser (generator/urls.py), so a URL means the same request everywhere.
 
-Plain sockets for http:// (http.client alone costs more than the rest of a
-probe); urllib only for https:// and to follow a redirect, on the same
-parsed URL.  Healthy is a 2xx status line within the timeout, judged after
-redirects; a 2xx's body is not read (SGLang's /health sends its status only
-after generating a token).
+Healthy is a 2xx status line within the timeout, judged after redirects; a
+2xx's body is not read (SGLang's /health sends its status only after
+generating a token).  The timeout is one deadline for the whole exchange:
+the name's lookup, the connect, TLS, every redirect and every byte, since
+the listener on a model's port is not necessarily the model
+(docs/trust.md).  For the same reason a redirect is followed only within
+the URL's own origin (scheme, host and port).
 
-A waiter that asks again and again (wait-ready, every 50 ms while a server
-answers 503) keeps one connection open between its requests (`Session`):
-a new loopback connection and its teardown were ~60% of a probe's CPU here
-(590 against 220 us a probe after 50 ms asleep), 1.1% of a core at 20
-probes a second."""
+A waiter that asks again and again (wait-ready, while a server answers 503)
+keeps one plain-http connection open between its requests (`Session`): a
+new loopback connection and its teardown per probe were most of a probe's
+CPU (docs/performance.md)."""
 
 from __future__ import annotations
 
 import socket
+import ssl
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from ...generator.urls import Url, parse_url
-
+from ...generator.urls import Url, is_ipv6, parse_url
 
 @dataclass(frozen=True)
 class Answer:
@@ -31,22 +33,32 @@ class Answer:
     seconds: float
 
 
+# A kept connection reads a non-2xx answer's body to its end to reuse it;
+# a longer one (or one without a length) ends the connection instead.
+_KEPT_BODY_MAX = 65536
+_REST_WAIT_S = 0.1
+# The most redirects followed (urllib's own limit) and the most bytes of a
+# status line and headers read.
+MAX_REDIRECTS = 10
+_HEAD_MAX = 65536
+
+Left = Callable[[], float]
+
+
+class _Refused(Exception):
+    """An answer that is not a health answer: the message says why."""
+
+
 def http_probe(url: str | Url, timeout: float, body: str | None = None) -> Answer:
     """GET url (POST `body`, JSON, when given: the one-token completion of
     [liveness] probe = "generate"), on a connection of its own."""
     return Session(url, keep=False).probe(timeout, body)
 
 
-# A kept connection reads a non-2xx answer's body to its end to reuse it;
-# a longer one (or one without a length) ends the connection instead.
-_KEPT_BODY_MAX = 65536
-_REST_WAIT_S = 0.1
-
-
 class Session:
-    """Probes of one URL.  keep=True: the connection stays open between them
-    while the server allows it (HTTP/1.1 keep-alive), and is opened again
-    when the server closed it meanwhile.  close() ends it."""
+    """Probes of one URL.  keep=True: a plain-http connection stays open
+    between them while the server allows it (HTTP/1.1 keep-alive), and is
+    opened again when the server closed it meanwhile.  close() ends it."""
 
     def __init__(self, url: str | Url, keep: bool = True) -> None:
         self.url = url
@@ -68,79 +80,68 @@ class Session:
                 raise socket.timeout()
             return remaining
 
+        def answer(ok: bool, text: str) -> Answer:
+            return Answer(ok, text, time.monotonic() - started)
+
         try:
-            parsed = self.url if isinstance(self.url, Url) else parse_url(self.url)
-            if parsed.scheme == "https":
-                return _urllib_probe(parsed, timeout, timeout, started, body)
-            keep = self.keep and body is None
-            payload = body.encode("utf-8") if body is not None else b""
-            extra = (f"Content-Type: application/json\r\nContent-Length: {len(payload)}\r\n"
-                     if body is not None else "")
-            connection = "" if keep else "Connection: close\r\n"
-            request = (f"{'POST' if body is not None else 'GET'} {parsed.target} HTTP/1.1\r\n"
-                       f"Host: {parsed.authority}\r\nUser-Agent: infer-units\r\n"
-                       f"Accept: */*\r\n{extra}{connection}\r\n").encode("ascii") + payload
-            if self.sock is not None and not _idle(self.sock):
-                self.close()            # bytes no request of ours asked for, or closed
-            reused = self.sock is not None
-            if self.sock is None:
-                self.sock = socket.create_connection((parsed.host, parsed.port), timeout=left())
-            try:
-                data = self._exchange(request, left)
-            except socket.timeout:
-                raise                   # slow, not gone: asking again would not help
-            except OSError:
-                if not reused:
-                    raise
-                data = b""
-            if not data and reused:
-                # The server closed the kept connection while we slept: once
-                # more on a new one (a GET: asking again changes nothing).
-                self.close()
-                self.sock = socket.create_connection((parsed.host, parsed.port), timeout=left())
-                data = self._exchange(request, left)
-            seconds = time.monotonic() - started
-            head_end = data.find(b"\r\n")
-            words = data[:head_end if head_end >= 0 else len(data)].split()
-            if len(words) < 2 or not words[0].startswith(b"HTTP/") or not words[1].isdigit():
-                self.close()
-                what = "closed the connection without an answer" if not data else "not HTTP"
-                return Answer(False, what, seconds)
-            code = int(words[1])
-            if keep and not 200 <= code < 300 and not 300 <= code < 400:
-                self._finish(data, words[0], left)
-            else:
-                self.close()
-            if 300 <= code < 400:
-                # Judged after redirects, the same for readiness and liveness.
-                return _urllib_probe(parsed, left(), timeout, started, body)
-            return Answer(200 <= code < 300, f"HTTP {code}", seconds)
+            url = self.url if isinstance(self.url, Url) else parse_url(self.url)
+            for hop in range(MAX_REDIRECTS + 1):
+                if hop == 0 and url.scheme == "http" and self.keep and body is None:
+                    code, head = self._kept_exchange(url, left)
+                else:
+                    code, head = _exchange(url, body, left)
+                if not 300 <= code < 400:
+                    return answer(200 <= code < 300, f"HTTP {code}")
+                url = _redirect(url, _location(head, code))
+                if code not in (307, 308):
+                    body = None         # 301, 302, 303: the next request is a GET
+            return answer(False, f"more than {MAX_REDIRECTS} redirects")
         except socket.timeout:
             self.close()
-            return Answer(False, f"no answer within {timeout:g}s", time.monotonic() - started)
-        except ValueError as e:
+            return answer(False, f"no answer within {timeout:g}s")
+        except (_Refused, ValueError) as e:
             self.close()
-            return Answer(False, str(e), time.monotonic() - started)
+            return answer(False, str(e))
+        except ssl.SSLError as e:
+            self.close()
+            return answer(False, f"TLS: {e.reason or e}")
         except OSError as e:
             self.close()
-            return Answer(False, e.strerror or str(e), time.monotonic() - started)
+            return answer(False, e.strerror or str(e))
 
-    def _exchange(self, request: bytes, left: Callable[[], float]) -> bytes:
-        """Send the request; what came back up to the status line's end."""
-        sock = self.sock
-        assert sock is not None
-        sock.settimeout(left())
-        sock.sendall(request)
-        data = b""
-        while b"\r\n" not in data and len(data) < 4096:
-            sock.settimeout(left())
-            chunk = sock.recv(4096)
-            if not chunk:
-                break
-            data += chunk
-        return data
+    def _kept_exchange(self, url: Url, left: Left) -> tuple[int, bytes]:
+        """The first request on the kept connection (opened when missing, or
+        again once when the server closed it while we slept)."""
+        request = _request(url, None, keep=True)
+        if self.sock is not None and not _idle(self.sock):
+            self.close()            # bytes no request of ours asked for, or closed
+        reused = self.sock is not None
+        if self.sock is None:
+            self.sock = _connect(url, left)
+        try:
+            data = _send_and_read_status(self.sock, request, left)
+        except socket.timeout:
+            raise                   # slow, not gone: asking again would not help
+        except OSError:
+            if not reused:
+                raise
+            data = b""
+        if not data and reused:
+            # A GET: asking again on a new connection changes nothing.
+            self.close()
+            self.sock = _connect(url, left)
+            data = _send_and_read_status(self.sock, request, left)
+        code, version = _status(data)
+        if 300 <= code < 400:
+            data = _read_head(self.sock, data, left)
+            self.close()
+        elif not 200 <= code < 300:
+            self._finish(data, version, left)
+        else:
+            self.close()
+        return code, data
 
-    def _finish(self, data: bytes, version: bytes, left: Callable[[], float]) -> None:
+    def _finish(self, data: bytes, version: bytes, left: Left) -> None:
         """Read the rest of a non-2xx answer so the connection can carry the
         next request; close it where that cannot be known or is not allowed.
         Whatever happens here, the answer's status stands."""
@@ -155,16 +156,8 @@ class Session:
             if remaining <= 0:
                 raise socket.timeout()
             return remaining
-        left = left_rest
         try:
-            while b"\r\n\r\n" not in data and len(data) < _KEPT_BODY_MAX:
-                sock.settimeout(left())
-                chunk = sock.recv(4096)
-                if not chunk:
-                    raise OSError("closed")
-                data += chunk
-            if b"\r\n\r\n" not in data:
-                raise OSError("a head without an end")
+            data = _read_head(sock, data, left_rest, _KEPT_BODY_MAX)
             head, _, rest = data.partition(b"\r\n\r\n")
             length: int | None = None
             persistent = version == b"HTTP/1.1"
@@ -183,15 +176,150 @@ class Session:
             if length is None or not persistent or length > _KEPT_BODY_MAX:
                 raise OSError("not reusable")
             while len(rest) < length:
-                sock.settimeout(left())
+                sock.settimeout(left_rest())
                 chunk = sock.recv(min(65536, length - len(rest)))
                 if not chunk:
                     raise OSError("closed")
                 rest += chunk
             if len(rest) != length:
                 raise OSError("more than the answer")   # pipelined bytes: not ours to guess
-        except OSError:
+        except (OSError, _Refused):
             self.close()
+
+
+def _request(url: Url, body: str | None, keep: bool) -> bytes:
+    payload = body.encode("utf-8") if body is not None else b""
+    extra = (f"Content-Type: application/json\r\nContent-Length: {len(payload)}\r\n"
+             if body is not None else "")
+    connection = "" if keep else "Connection: close\r\n"
+    return (f"{'POST' if body is not None else 'GET'} {url.target} HTTP/1.1\r\n"
+            f"Host: {url.authority}\r\nUser-Agent: infer-units\r\n"
+            f"Accept: */*\r\n{extra}{connection}\r\n").encode("ascii") + payload
+
+
+def _exchange(url: Url, body: str | None, left: Left) -> tuple[int, bytes]:
+    """One request on a connection of its own: the status and what was read
+    of the head (all of it for a redirect)."""
+    sock = _connect(url, left)
+    try:
+        data = _send_and_read_status(sock, _request(url, body, keep=False), left)
+        code, _version = _status(data)
+        if 300 <= code < 400:
+            data = _read_head(sock, data, left)
+        return code, data
+    finally:
+        sock.close()
+
+
+def _addresses(url: Url, left: Left) -> list[tuple[int, tuple[object, ...]]]:
+    """Where to connect: an address as it is; a name looked up in a thread,
+    since getaddrinfo() takes no timeout (a lookup that outlives the
+    deadline is left to end on its own)."""
+    if url.host.replace(".", "").isdigit() or is_ipv6(url.host):
+        family = socket.AF_INET6 if ":" in url.host else socket.AF_INET
+        return [(family, (url.host, url.port))]
+    found: list[list[tuple[int, tuple[object, ...]]]] = []
+    failed: list[OSError] = []
+
+    def look_up() -> None:
+        try:
+            found.append([(info[0], info[4]) for info in socket.getaddrinfo(
+                url.host, url.port, type=socket.SOCK_STREAM)])
+        except OSError as e:
+            failed.append(e)
+    lookup = threading.Thread(target=look_up, daemon=True)
+    lookup.start()
+    lookup.join(left())
+    if failed:
+        raise failed[0]
+    if not found:
+        raise socket.timeout()
+    return found[0]
+
+
+def _connect(url: Url, left: Left) -> socket.socket:
+    error: OSError = OSError(f"{url.host}: no address")
+    for family, address in _addresses(url, left):
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        try:
+            sock.settimeout(left())
+            sock.connect(address)
+            if url.scheme == "https":
+                context = ssl.create_default_context()
+                sock.settimeout(left())     # the handshake, all of it, within this
+                return context.wrap_socket(sock, server_hostname=url.host)
+            return sock
+        except socket.timeout:
+            sock.close()
+            raise
+        except OSError as e:
+            sock.close()
+            error = e
+    raise error
+
+
+def _send_and_read_status(sock: socket.socket, request: bytes, left: Left) -> bytes:
+    """Send the request; what came back up to the status line's end."""
+    sock.settimeout(left())
+    sock.sendall(request)
+    data = b""
+    while b"\r\n" not in data and len(data) < 4096:
+        sock.settimeout(left())
+        chunk = sock.recv(4096)
+        if not chunk:
+            break
+        data += chunk
+    return data
+
+
+def _status(data: bytes) -> tuple[int, bytes]:
+    """The status code and HTTP version of the status line in `data`."""
+    head_end = data.find(b"\r\n")
+    words = data[:head_end if head_end >= 0 else len(data)].split()
+    if len(words) < 2 or not words[0].startswith(b"HTTP/") or not words[1].isdigit():
+        raise _Refused("closed the connection without an answer" if not data else "not HTTP")
+    return int(words[1]), words[0]
+
+
+def _read_head(sock: socket.socket, data: bytes, left: Left, limit: int = _HEAD_MAX) -> bytes:
+    """`data` read on to the end of the head (status line and headers)."""
+    while b"\r\n\r\n" not in data:
+        if len(data) >= limit:
+            raise _Refused("a head without an end")
+        sock.settimeout(left())
+        chunk = sock.recv(4096)
+        if not chunk:
+            raise _Refused("closed the connection in the middle of an answer")
+        data += chunk
+    return data
+
+
+def _location(head: bytes, code: int) -> str:
+    for line in head.partition(b"\r\n\r\n")[0].split(b"\r\n")[1:]:
+        name, _, value = line.partition(b":")
+        if name.strip().lower() == b"location":
+            return value.strip().decode("ascii", errors="replace")
+    raise _Refused(f"HTTP {code} without a Location")
+
+
+def _redirect(url: Url, location: str) -> Url:
+    """Where a redirect leads, only within the URL's origin (scheme, host,
+    port): a listener on the model's port must not send root's probe to
+    another host or service, nor turn http into https or back."""
+    if location.startswith("//"):
+        location = f"{url.scheme}:{location}"
+    if "://" in location.partition("?")[0]:
+        target = parse_url(location)
+        if (target.scheme, target.host.lower(), target.port) != \
+                (url.scheme, url.host.lower(), url.port):
+            raise _Refused(f"redirect to {target.scheme}://{target.authority} refused: "
+                           f"only {url.scheme}://{url.authority} is probed")
+        return target
+    if not location.startswith("/"):
+        # Relative to the current path's directory (RFC 3986 5.2.3).
+        base = url.target.partition("?")[0]
+        location = base[:base.rfind("/") + 1] + location
+    return parse_url(f"{url.scheme}://{url.authority}{location}")
 
 
 def _idle(sock: socket.socket) -> bool:
@@ -204,29 +332,6 @@ def _idle(sock: socket.socket) -> bool:
         return True
     except OSError:
         return False
-
-
-def _urllib_probe(url: Url, left: float, timeout: float, started: float,
-                  body: str | None = None) -> Answer:
-    """https, and redirects: urllib (slower to import), on the parsed URL's text."""
-    import http.client
-    import urllib.error
-    import urllib.request
-    request = urllib.request.Request(url.text()) if body is None else urllib.request.Request(
-        url.text(), data=body.encode("utf-8"), headers={"Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(request, timeout=left) as response:
-            code = response.status
-    except urllib.error.HTTPError as e:
-        code = e.code
-    except http.client.HTTPException as e:        # a redirect's target that is not HTTP
-        return Answer(False, f"not HTTP ({type(e).__name__})", time.monotonic() - started)
-    except (urllib.error.URLError, OSError) as e:
-        reason = getattr(e, "reason", e)
-        if isinstance(reason, socket.timeout) or "timed out" in str(reason):
-            return Answer(False, f"no answer within {timeout:g}s", time.monotonic() - started)
-        return Answer(False, str(reason), time.monotonic() - started)
-    return Answer(200 <= code < 300, f"HTTP {code}", time.monotonic() - started)
 
 
 def local_address(url: Url) -> tuple[str, int] | None:

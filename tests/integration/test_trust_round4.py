@@ -150,3 +150,59 @@ def test_a_holder_that_forks_on_sigterm_is_ended_with_its_copies(attacker, publi
             os.kill(pid, signal.SIGKILL)
         holder.kill()
         holder.communicate()
+
+
+# ------------------------------------------------------------------ 5: one deadline per probe
+
+TRICKLER = r"""
+import socket, sys, threading, time
+listener = socket.socket()
+listener.bind(("127.0.0.1", 0))
+listener.listen(16)
+print(listener.getsockname()[1], flush=True)
+where = sys.argv[1]
+def serve(conn):
+    request = conn.recv(4096)
+    path = request.split(b" ")[1] if b" " in request else b"/"
+    if path == b"/health":
+        conn.sendall(b"HTTP/1.1 302 Found\r\nLocation: " + where.encode() +
+                     b"\r\nContent-Length: 0\r\n\r\n")
+    else:
+        # The status line, one byte at a time: each recv() is quick.
+        for byte in b"HTTP/1.1 200 OK\r\n\r\n":
+            time.sleep(0.7)
+            conn.sendall(bytes([byte]))
+    conn.close()
+while True:
+    conn, _ = listener.accept()
+    threading.Thread(target=serve, args=(conn,), daemon=True).start()
+"""
+
+
+@pytest.mark.parametrize("where,refused", [
+    ("/slow", ""),                              # same origin: followed, within the deadline
+    ("http://127.0.0.2:9/slow", "redirect to http://127.0.0.2:9 refused"),
+    ("https://127.0.0.1:9/slow", "redirect to https://127.0.0.1:9 refused"),
+])
+def test_a_redirect_is_bounded_by_the_probes_deadline_and_stays_on_its_origin(
+        attacker, where: str, refused: str) -> None:
+    """A listener on the model's port (anyone's) that redirects /health to a
+    path that trickles its status line held `liveness-probe --timeout 2s`
+    past 40 s; a redirect was followed to any host and scheme."""
+    from infer_units.helpers.facts.probe import http_probe
+    from tests.support import PYTHON
+    server = as_attacker(attacker, PYTHON, "-I", "-c", TRICKLER, where)
+    try:
+        assert server.stdout is not None
+        port = int(server.stdout.readline())
+        started = time.monotonic()
+        answer = http_probe(f"http://127.0.0.1:{port}/health", 2.0)
+        took = time.monotonic() - started
+        assert not answer.ok and took < 3.0, (answer, took)
+        if refused:
+            assert refused in answer.text, answer
+        else:
+            assert answer.text == "no answer within 2s", answer
+    finally:
+        server.kill()
+        server.communicate()

@@ -7,7 +7,7 @@ host, [nodes] addr), the generator accepts the model exactly when the hook
 that gets the value on its argv accepts it, and what it accepts lands on the
 hook's argv unchanged (read back with systemd's own unquoting, through
 tools/systemd_exec.py) and is read the same way by the hook and by urllib
-(which the probe uses for https and redirects)."""
+(the reference reader of URLs)."""
 
 from __future__ import annotations
 
@@ -84,7 +84,7 @@ def option(argv: list[str], name: str) -> str:
 
 
 def same_as_urllib(text: str) -> None:
-    """What we accept, urllib (the probe's https and redirect path) reads alike."""
+    """What we accept, urllib reads alike."""
     ours = parse_url(text)
     theirs = urllib.parse.urlsplit(text)
     assert (theirs.scheme, theirs.hostname, theirs.port or ours.port) == \

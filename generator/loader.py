@@ -130,15 +130,43 @@ def _in_dir(directory: str, name: str) -> bool:
     return name in names
 
 
+class UntrustedDirectory(OSError):
+    """A directory of the search path (or of drop-ins) that someone other
+    than root can write: refused whole, for reading as for writing."""
+
+
 def _listing(directory: str) -> list[str] | OSError:
     try:
-        # Only what the loader looks at: model files and drop-in directories
-        # (the env files and state beside them in /run/infer-units are no input).
-        return [e for e in os.listdir(directory) if e.endswith((".toml", ".toml.d"))]
+        fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     except (FileNotFoundError, NotADirectoryError):
         return []
     except OSError as e:
         return e
+    try:
+        problem = untrusted_directory(os.fstat(fd))
+        if problem:
+            return UntrustedDirectory(f"refused: {problem}; none of its files, links or "
+                                      "masks is used (chown root:, chmod go-w)")
+        # Only what the loader looks at: model files and drop-in directories
+        # (the env files and state beside them in /run/infer-units are no input).
+        return [e for e in os.listdir(fd) if e.endswith((".toml", ".toml.d"))]
+    except OSError as e:
+        return e
+    finally:
+        os.close(fd)
+
+
+def untrusted_directory(st: os.stat_result) -> str | None:
+    """Why a directory is not root's alone (docs/trust.md), or None.  Whoever
+    can write it can put a link to any root-owned file there (it would run as
+    a model) or an empty file (it would mask a model of a lower directory):
+    neither is the operator's.  The caller's own directories count as root's
+    (`infer-units check` run by a user on their files)."""
+    if st.st_uid not in (0, os.geteuid()):
+        return f"owned by uid {st.st_uid}, not root"
+    if st.st_mode & 0o022:
+        return f"writable by group or others (mode {stat.S_IMODE(st.st_mode):04o})"
+    return None
 
 
 def forget_cache() -> None:
@@ -299,6 +327,8 @@ def _find_drop_ins(dirs: list[str], subdir: str) -> list[str]:
         full = os.path.join(directory, subdir)
         try:
             entries = _list_dir(full)
+        except UntrustedDirectory as e:
+            raise ConfigError(full, None, str(e)) from None
         except OSError as e:
             raise ConfigError(full, None, f"cannot list drop-ins: {e.strerror}") from None
         for entry in entries:
@@ -368,6 +398,9 @@ def discover(dirs: list[str] | None = None) -> tuple[dict[str, str], list[Config
     for directory in dirs:
         try:
             entries = sorted(_list_dir(directory))
+        except UntrustedDirectory as e:
+            errors.append(ConfigError(directory, None, str(e)))
+            continue
         except OSError as e:
             errors.append(ConfigError(directory, None, f"cannot list: {e.strerror} "
                                       "(no model of this directory generated)"))

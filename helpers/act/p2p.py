@@ -7,13 +7,13 @@ import hashlib
 import json
 import os
 import pwd
-import subprocess
 import sys
 from dataclasses import dataclass
 
 from ...generator.atomicfile import read_text, write_file
 from ...generator.paths import run_dir
 from ..facts.gpus import Gpu
+from ..facts.untrusted import run_untrusted
 from .envfile import update_env_file
 
 
@@ -100,24 +100,26 @@ def _run_selftest(python: str, gpus: list[Gpu], timeout: float, user: str | None
                   server_env: dict[str, str] | None = None) -> dict[str, object]:
     account = selftest_account(user)
     env = selftest_env(gpus, server_env or {}, account)
-    drop: dict[str, object] = {}
-    if account is not None:
-        drop = {"user": account.pw_uid, "group": account.pw_gid,
-                "extra_groups": os.getgrouplist(account.pw_name, account.pw_gid)}
+    groups = os.getgrouplist(account.pw_name, account.pw_gid) if account is not None else None
     try:
-        done = subprocess.run([python, SELFTEST], capture_output=True, text=True,
-                              timeout=timeout, env=env, check=False, cwd="/",
-                              stdin=subprocess.DEVNULL, **drop)  # type: ignore[call-overload]
-    except subprocess.TimeoutExpired:
-        # A hung peer copy is the classic broken-IOMMU symptom.
-        return {"ok": False, "error": f"self-test hung for {timeout:g}s", "hung": True}
+        # The model's python prints what it likes, as long as it likes: read
+        # in bounded pieces, within the timeout (facts/untrusted.py).
+        done = run_untrusted([python, SELFTEST], timeout, env, account, groups)
     except OSError as e:
         return {"ok": False, "error": f"cannot run {python}: {e.strerror}", "ran": False}
+    if done.timed_out:
+        # A hung peer copy is the classic broken-IOMMU symptom.
+        return {"ok": False, "error": f"self-test hung for {timeout:g}s", "hung": True}
     lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
     if done.returncode != 0 or not lines:
-        tail = (done.stderr.strip().splitlines() or ["no output"])[-1]
+        tail = (done.stderr.strip().splitlines() or ["no output"])[-1][-500:]
         return {"ok": False, "error": f"self-test exited {done.returncode}: {tail}", "ran": False}
-    report: dict[str, object] = json.loads(lines[-1])
+    try:
+        report = json.loads(lines[-1])
+    except ValueError as e:
+        return {"ok": False, "error": f"self-test printed no report ({e})", "ran": False}
+    if not isinstance(report, dict):
+        return {"ok": False, "error": "self-test printed no report (not an object)", "ran": False}
     return report
 
 

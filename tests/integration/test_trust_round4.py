@@ -206,3 +206,62 @@ def test_a_redirect_is_bounded_by_the_probes_deadline_and_stays_on_its_origin(
     finally:
         server.kill()
         server.communicate()
+
+
+# ------------------------------------------------------------------ 8: bounded reads
+
+FLOOD = """#!/bin/sh
+# The model's "python", as its user wrote it: floods root with output.
+yes xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx | head -c {size}
+{tail}
+"""
+
+MEASURE = r"""
+import json, resource, sys
+sys.path.insert(0, sys.argv[1])
+from infer_units.helpers.act.p2p import _run_selftest
+from infer_units.helpers.facts.gpus import Gpu
+gpu = Gpu(index=0, uuid="GPU-0", pci="0000:41:00.0", device="/dev/null", memory_total_mib=None)
+verdict = _run_selftest(sys.argv[2], [gpu], float(sys.argv[4]), user=sys.argv[3])
+print(json.dumps({"verdict": verdict,
+                  "peak_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024}))
+"""
+
+
+def _flooding_python(public: Path, attacker: pwd.struct_passwd, size: int, tail: str) -> Path:
+    script = public / "python"
+    script.write_text(FLOOD.format(size=size, tail=tail))
+    script.chmod(0o755)
+    os.chown(script, attacker.pw_uid, attacker.pw_gid)
+    return script
+
+
+def _selftest_as_root(script: Path, attacker: pwd.struct_passwd, timeout: float) -> dict:
+    from tests.support import PYTHON, code_copy
+    done = subprocess.run([PYTHON, "-I", "-c", MEASURE, str(code_copy()), str(script),
+                           attacker.pw_name, str(timeout)],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    import json
+    return json.loads(done.stdout.splitlines()[-1])
+
+
+def test_root_keeps_a_bounded_piece_of_what_a_users_python_prints(attacker, public: Path) -> None:
+    """A user-owned python that printed 768 MiB raised root's RSS from 16 to
+    2,321 MiB: root kept all of it (the P2P self-test; doctor the same)."""
+    script = _flooding_python(public, attacker, 300 << 20, 'echo \'{"ok": true, "why": "flood"}\'')
+    got = _selftest_as_root(script, attacker, 60.0)
+    assert got["verdict"].get("why") == "flood", got["verdict"]       # the verdict still read
+    assert got["peak_mib"] < 150, got
+
+
+def test_an_untrusted_run_ends_at_its_deadline_whatever_holds_its_output(
+        attacker, public: Path) -> None:
+    """A child that leaves the session and keeps the pipes open does not hold
+    root past the deadline."""
+    script = _flooding_python(public, attacker, 1,
+                              "setsid sleep 60 &\nexec sleep 60")
+    started = time.monotonic()
+    got = _selftest_as_root(script, attacker, 1.0)
+    assert got["verdict"].get("hung") is True, got
+    assert time.monotonic() - started < 10, "root waited on the user's leftover"

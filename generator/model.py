@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import difflib
 from typing import Any
 
 from .durations import MAX_SECONDS
@@ -98,9 +99,9 @@ def _flatten(data: dict[str, Any], merged: MergedConfig) -> dict[str, Any]:
     flat: dict[str, Any] = {}
     for key, value in data.items():
         if key not in _TABLES:
-            if "." in key:
-                # A quoted top-level "reap.timeout" is not [reap] timeout.
-                raise ConfigError(merged.file_of(key), key, "unknown key")
+            if "." in key or key not in _TOP_LEVEL:
+                # (A quoted top-level "reap.timeout" is not [reap] timeout.)
+                raise ConfigError(merged.file_of(key), key, unknown_key(key, _TOP_LEVEL))
             flat[key] = value
         elif key == "nccl":
             if not isinstance(value, dict):
@@ -113,14 +114,23 @@ def _flatten(data: dict[str, Any], merged: MergedConfig) -> dict[str, Any]:
             for sub, subvalue in value.items():
                 dotted = f"{key}.{sub}"
                 if dotted not in BY_KEY:
-                    known = ", ".join(k.split(".", 1)[1] for k in BY_KEY if k.startswith(key + "."))
-                    raise ConfigError(merged.file_of(dotted), dotted,
-                                      f"unknown key (known in [{key}]: {known})")
+                    known = [k.split(".", 1)[1] for k in BY_KEY if k.startswith(key + ".")]
+                    raise ConfigError(merged.file_of(dotted), dotted, unknown_key(
+                        sub, known, f" (known in [{key}]: {', '.join(known)})"))
                 flat[dotted] = subvalue
     return flat
 
 
 _TABLES = frozenset(("nccl", *FIXED_TABLES))      # the tables _flatten takes apart
+# What a file may set at its top level: the settings' own keys and tables.
+_TOP_LEVEL = tuple(dict.fromkeys([*(s.key.split(".")[0] for s in SETTINGS), "nccl"]))
+
+
+def unknown_key(key: str, known: tuple[str, ...] | list[str], listed: str = "") -> str:
+    """The reason for a key no setting has, with the nearest known one when a
+    typo is likely (`prot` -> `port`)."""
+    close = difflib.get_close_matches(key, known, n=1)
+    return f"unknown key{listed}" + (f"; did you mean `{close[0]}`?" if close else "")
 
 
 def _nccl_name(key: str) -> str:
@@ -152,7 +162,7 @@ def build_model(merged: MergedConfig) -> Model:
             except ValueError as e:
                 raise ConfigError(merged.file_of(key), key, str(e)) from None
         else:
-            raise ConfigError(merged.file_of(key), key, "unknown key")
+            raise ConfigError(merged.file_of(key), key, unknown_key(key, _TOP_LEVEL))
     _cross_check(values, merged)
     spec = ENGINE_SPECS[values["engine"]]
     nodes = None

@@ -16,6 +16,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+from dataclasses import dataclass, field
 from typing import Any
 
 import click
@@ -107,15 +108,62 @@ def _load(name: str, dirs: list[str]) -> Any:
         die(str(e))
 
 
+DEFAULT = "default"      # the "file" of a value no file sets (cat --all)
+
+
+@dataclass
+class _WithDefaults:
+    """A merged model plus the defaults of every key no file sets."""
+    merged: Any
+    data: dict[str, Any] = field(default_factory=dict)
+    defaults: set[str] = field(default_factory=set)
+
+    @property
+    def name(self) -> str:
+        return str(self.merged.name)
+
+    @property
+    def sources(self) -> list[str]:
+        return list(self.merged.sources)
+
+    def file_of(self, key: str) -> str:
+        return DEFAULT if key in self.defaults else str(self.merged.file_of(key))
+
+
+def with_defaults(merged: Any) -> _WithDefaults:
+    """The effective defaults (generator/settings.py) added where no file
+    sets a key; keys whose default is the engine's, or empty, are left out."""
+    from ...generator.durations import format_seconds
+    from ...generator.settings import SETTINGS, check_duration
+    data = json.loads(json.dumps(merged.data, default=str))     # a deep copy of plain values
+    shown = _WithDefaults(merged, data)
+    for setting in SETTINGS:
+        if setting.default is None or setting.default in ({}, [], ()):
+            continue
+        *tables, last = setting.key.split(".")
+        where = data
+        for table in tables:
+            where = where.setdefault(table, {})
+        if last in where:
+            continue
+        value = setting.default
+        where[last] = format_seconds(value) if setting.check is check_duration else value
+        shown.defaults.add(setting.key)
+    return shown
+
+
 @click.command("cat")
 @click.argument("name", shell_complete=complete_model_names)
+@click.option("--all", "show_all", is_flag=True,
+              help="Also the defaults of the keys no file sets, marked as defaults.")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable: every key with its value and file.")
-def cat_command(name: str, as_json: bool) -> None:
+def cat_command(name: str, show_all: bool, as_json: bool) -> None:
     """The merged model NAME: every value with the file it came from."""
     from ...generator.errors import ConfigError
     from ...generator.loader import search_path
     from ...generator.model import build_model
-    merged = _load(name, search_path())
+    loaded = _load(name, search_path())
+    merged = with_defaults(loaded) if show_all else loaded
     if as_json:
         flat: dict[str, Any] = {}
 
@@ -130,7 +178,7 @@ def cat_command(name: str, as_json: bool) -> None:
     else:
         click.echo(format_merged(merged), nl=False)
     try:
-        build_model(merged)
+        build_model(loaded)
     except ConfigError as e:
         die(f"error: {e}")
 
@@ -167,10 +215,13 @@ def _validate(name: str, dirs: list[str], edit_dir: str, content: str) -> tuple[
     override there and higher directories still win, as they will)."""
     from ...generator.build import load_all
     from ...generator.render import render
-    with tempfile.TemporaryDirectory(prefix="infer-units-edit-") as overlay:
+    with tempfile.TemporaryDirectory(prefix="check-", dir=_work_dir()) as overlay:
         candidate = os.path.join(overlay, f"{name}.toml.d", OVERRIDE)
-        os.makedirs(os.path.dirname(candidate))
-        with open(candidate, "w", encoding="utf-8") as f:
+        # Modes given, not left to the umask: the loader refuses a drop-in
+        # that group or others can write, as it must.
+        os.mkdir(os.path.dirname(candidate), 0o700)
+        fd = os.open(candidate, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(content)
         at = dirs.index(edit_dir)
         loaded = load_all([name], dirs[:at] + [overlay] + dirs[at:])
@@ -198,32 +249,58 @@ def _reload() -> None:
         die(f"systemctl daemon-reload failed: {why_not}")
 
 
+def _work_dir() -> str:
+    """Where edit keeps its copies: a directory only root can enter
+    (run_dir()/edit, 0700), never /tmp; each copy is removed on every path
+    but a refused edit, which is kept there for `edit --from`."""
+    from ...generator.atomicfile import ensure_dir
+    from ...generator.paths import run_dir
+    path = os.path.join(run_dir(), "edit")
+    try:
+        ensure_dir(path, 0o700).close()
+    except OSError as e:
+        die(f"{path}: cannot create: {e.strerror or e}")
+    return path
+
+
 # Lines edit adds above what the operator typed when it opens the editor again
 # after a refused edit (the reasons): removed when the file is read back.
 _NOTE = "#! infer-units: "
 
 
-def _run_editor(name: str, text: str) -> str:
-    """`text` in $EDITOR; what is above the marker when it exits 0."""
-    fd, temp = tempfile.mkstemp(prefix=f".#{name[:100]}-", suffix=".toml")
+def _run_editor(name: str, text: str, reference: str) -> str:
+    """`text`, the marker and `reference` in $EDITOR; what is above the
+    marker when it exits 0 (anything changed below it is said to be ignored)."""
+    fd, temp = tempfile.mkstemp(prefix=f"{name[:100]}-", suffix=".toml", dir=_work_dir())
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        status = subprocess.call([*_editor(), temp])
+            f.write(f"{text}\n{MARKER}\n{reference}")
+        editor = _editor()
+        try:
+            status = subprocess.call([*editor, temp])
+        except OSError as e:
+            die(f"cannot run the editor {editor[0]!r}: {e.strerror or e}",
+                hint="set $SYSTEMD_EDITOR, $EDITOR or $VISUAL to an editor on PATH")
         if status != 0:
             die(f"editor exited with status {status}: nothing changed")
         with open(temp, encoding="utf-8") as f:
-            content = f.read().split(f"\n{MARKER}\n", 1)[0].split(MARKER, 1)[0]
+            content, marker, below = f.read().partition(MARKER)
     finally:
         os.unlink(temp)
+    if not marker:
+        pass            # the marker line removed: all of it is the drop-in
+    elif below.strip("\n").rstrip() != reference.strip("\n").rstrip():
+        click.echo(f"infer-units: what was typed below the line \"{MARKER[:40]}...\" was "
+                   "ignored: only the text above it is the drop-in", err=True)
     return "".join(line for line in content.splitlines(keepends=True)
                    if not line.startswith(_NOTE))
 
 
 def _keep_rejected(name: str, content: str) -> str:
-    """What the operator typed, kept (0600, a new file of a random name:
-    never a predictable path in a shared directory) for `edit --from`."""
-    fd, kept = tempfile.mkstemp(prefix=f"infer-units-edit-{name[:100]}-", suffix=".toml")
+    """What the operator typed, kept (0600, a new file of a random name in
+    edit's root-only directory) for `edit --from`."""
+    fd, kept = tempfile.mkstemp(prefix=f"refused-{name[:100]}-", suffix=".toml",
+                                dir=_work_dir())
     with os.fdopen(fd, "w", encoding="utf-8") as f:
         f.write(content)
     return kept
@@ -266,7 +343,7 @@ def edit_command(name: str, no_reload: bool, start_from: str | None) -> None:
     while True:
         if not text.endswith("\n"):
             text += "\n"
-        content = _run_editor(name, f"{text}\n{MARKER}\n{reference}")
+        content = _run_editor(name, text, reference)
         if content.strip() == (old or "").strip() or (old is None and _only_comments(content)):
             click.echo(f"infer-units: {target} unchanged", err=True)
             return
@@ -294,6 +371,9 @@ def edit_command(name: str, no_reload: bool, start_from: str | None) -> None:
             f"(infer-units edit {name} --from {kept})")
     if not no_reload:
         _reload()
+    click.echo(f"infer-units: restart {name} to apply: "
+               + ("systemctl daemon-reload && " if no_reload else "")
+               + f"systemctl restart {name}", err=True)
 
 
 def _write_override(target: str, content: str) -> None:

@@ -29,7 +29,8 @@ DROPIN = 'args = ["--context-length", "65536"]\n\n[reap]\ntimeout = "2min"\n'
 DEFAULTS = '[nccl]\nsocket-ifname = "eth0"\n\n[env]\nHF_HUB_OFFLINE = "1"\n'
 
 # The editor: EDIT_MODE=prepend puts $EDIT_TEXT above what it was given (the
-# drop-in part), replace writes only $EDIT_TEXT, keep changes nothing, fail exits 3.
+# drop-in part), append puts it at the end (below the marker), replace writes only
+# $EDIT_TEXT, keep changes nothing, fail exits 3.
 EDITOR = '''import os, sys
 path = sys.argv[1]
 text = open(path).read()
@@ -40,6 +41,8 @@ if mode == "fail":
     sys.exit(3)
 if mode == "prepend":
     text = os.environ["EDIT_TEXT"] + text
+elif mode == "append":
+    text = text + os.environ["EDIT_TEXT"]
 elif mode == "replace":
     text = os.environ["EDIT_TEXT"]
 open(path, "w").write(text)
@@ -61,6 +64,7 @@ def conf(tmp_path: Path) -> Path:
 
 def env(conf: Path, mode: str = "keep", text: str = "") -> dict[str, str]:
     return base_env(INFER_UNITS_CONFIG_PATH=f"{conf}/etc:{conf}/lib",
+                    INFER_UNITS_RUN_DIR=str(conf / "run"),
                     EDITOR=f"{PYTHON} {conf}/editor.py", EDIT_MODE=mode, EDIT_TEXT=text,
                     EDIT_SEEN=str(conf / "seen.txt"))
 
@@ -237,3 +241,74 @@ def test_a_refused_edit_on_a_terminal_opens_the_editor_again(conf: Path) -> None
     assert 'gpus = "zero"' in again
     target = conf / "etc/q.toml.d/override.toml"
     assert target.read_text().startswith("gpus = [1]\n") and "#! infer-units" not in target.read_text()
+
+
+# ---------------------------------------------------------------- issue 37 item 8, issue 36 #9
+
+def test_an_editor_not_on_path_is_a_clear_error(conf: Path) -> None:
+    done = run_cli("edit", "q", "--no-reload",
+                   env=env(conf) | {"EDITOR": "no-such-editor-here --wait"}, check=1)
+    assert "Traceback" not in done.stderr and "FileNotFoundError" not in done.stderr
+    [line] = done.stderr.strip().splitlines()
+    assert "cannot run the editor 'no-such-editor-here'" in line and "$EDITOR" in line, line
+    assert not (conf / "etc/q.toml.d/override.toml").exists()
+
+
+def test_text_below_the_marker_is_said_to_be_ignored(conf: Path) -> None:
+    done = run_cli("edit", "q", "--no-reload", env=env(conf, "append", "port = 9999\n"),
+                   check=0)
+    assert "below the line" in done.stderr and "was ignored" in done.stderr, done.stderr
+    assert "unchanged" in done.stderr, done.stderr
+    # an edit that touches only the part above the marker says nothing of it
+    done = run_cli("edit", "q", "--no-reload", env=env(conf, "prepend", "port = 8001\n"),
+                   check=0)
+    assert "ignored" not in done.stderr, done.stderr
+
+
+def test_a_written_edit_says_restart_to_apply(conf: Path) -> None:
+    done = run_cli("edit", "q", "--no-reload", env=env(conf, "prepend", "port = 8001\n"),
+                   check=0)
+    assert done.stderr.strip().splitlines()[-1] == (
+        "infer-units: restart q to apply: systemctl daemon-reload && systemctl restart q"), \
+        done.stderr
+
+
+@pytest.mark.parametrize("umask", ["002", "000"])
+def test_edit_works_under_any_umask_and_leaves_nothing_behind(conf: Path, umask: str) -> None:
+    import subprocess
+    import tempfile
+    before = set(Path(tempfile.gettempdir()).glob("infer-units-edit-*"))
+
+    def edit(*args: str, mode: str, text: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(["sh", "-c", f'umask {umask} && exec "$@"', "sh", PYTHON, "-m",
+                               "infer_units", "edit", "q", "--no-reload", *args],
+                              capture_output=True, text=True, env=env(conf, mode, text),
+                              timeout=120)
+    target = conf / "etc/q.toml.d/override.toml"
+    done = edit(mode="prepend", text="port = 8001\n")
+    assert done.returncode == 0 and f"wrote {target}" in done.stderr, done.stderr
+    assert target.stat().st_mode & 0o777 == 0o644
+    work = conf / "run/edit"
+    assert work.stat().st_mode & 0o777 == 0o700 and list(work.iterdir()) == []
+    refused = edit(mode="prepend", text='gpus = "zero"\n')
+    assert refused.returncode == 1, refused.stderr
+    kept = Path(refused.stderr.split("what you typed is in ", 1)[1].split()[0])
+    assert kept.parent == work and kept.stat().st_mode & 0o777 == 0o600
+    assert list(work.iterdir()) == [kept]
+    assert set(Path(tempfile.gettempdir()).glob("infer-units-edit-*")) == before
+
+
+def test_cat_all_shows_the_effective_defaults(conf: Path) -> None:
+    from infer_units.generator.settings import default
+    done = run_cli("cat", "--all", "q", env=env(conf), check=0)
+    data = tomllib.loads(done.stdout)
+    assert data["reap"]["foreign"] == default("reap.foreign") and data["host"] == default("host")
+    assert data["reap"]["timeout"] == "2min"          # set by a file: not the default
+    marked = {line.split("=")[0].strip(): line.rsplit("# ", 1)[1]
+              for line in done.stdout.splitlines() if "=" in line and not line.startswith("#")}
+    assert marked["foreign"] == "default" and marked["host"] == "default"
+    keys = json.loads(run_cli("cat", "--all", "--json", "q", env=env(conf), check=0).stdout)["keys"]
+    assert keys["reap.foreign"] == {"value": default("reap.foreign"), "file": "default"}
+    assert keys["reap.timeout"] == {"value": "2min", "file": f"{conf}/etc/q.toml.d/50-ctx.toml"}
+    plain = tomllib.loads(run_cli("cat", "q", env=env(conf), check=0).stdout)
+    assert "foreign" not in plain["reap"]

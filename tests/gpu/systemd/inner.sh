@@ -21,13 +21,22 @@ mkdir -p "$T/out" "$T/hs"
 mount --bind "$OUT" "$T/out"
 mount --bind "$W/hs" "$T/hs"
 set -- --bind=/out --bind=/hs
+# The machine's root for host-python and iu-llama-server (with fake GPUs too:
+# the local run's llama-server is this machine's build).
+# --rbind: /usr/local/nvidia is a mount of its own (without it CUDA finds no driver).
+for d in usr opt etc; do
+    mkdir -p "$T/host/$d"
+    mount --rbind "/$d" "$T/host/$d"
+    set -- "$@" "--bind-ro=/host/$d:/host/$d"
+done
+if [ -n "$LLAMA" ]; then
+    # Under /run: the container's /run is bound into /host as well, so the
+    # server's and the model's path is the same on both sides of the chroot.
+    mkdir -p "$T/llama"
+    mount --bind "$LLAMA" "$T/llama"
+    set -- "$@" "--bind-ro=/llama:/run/iu-llama"
+fi
 if [ -z "$FAKE" ]; then
-    # --rbind: /usr/local/nvidia is a mount of its own (without it CUDA finds no driver).
-    for d in usr opt etc; do
-        mkdir -p "$T/host/$d"
-        mount --rbind "/$d" "$T/host/$d"
-        set -- "$@" "--bind-ro=/host/$d:/host/$d"
-    done
     for dev in /dev/nvidia*; do
         set -- "$@" "--bind=$dev"
     done

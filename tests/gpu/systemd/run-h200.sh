@@ -6,6 +6,9 @@
 # Results land in $OUT (default ./out): results.json, scenarios.log,
 # console.log (the container's console), launcher.log.
 # IU_SCENARIOS="s6 s7" runs only those scenarios.
+# IU_LLAMA_DIR=DIR (bin/llama-server, model.gguf, CONTEXT: tools/engines/
+# build-llama-cuda on the machine; here the CPU build of tools/engines/build)
+# adds llama.cpp as the models' server: scenarios l1-l7 (else they are skipped).
 # IU_FAKE_GPUS=1 runs the same on a machine without GPUs (fake GPU table;
 # tests/gpu/systemd/run-local).
 #
@@ -22,7 +25,8 @@ LIMIT=${IU_TIME_LIMIT:-420}          # the whole boot and scenarios, seconds
 CG=/sys/fs/cgroup
 V2=""
 [ "$(stat -fc %T $CG)" = cgroup2fs ] && V2=1
-export HERE OUT W FAKE V2
+LLAMA=${IU_LLAMA_DIR:-}
+export HERE OUT W FAKE V2 LLAMA
 mkdir -p "$OUT"
 
 say() { echo "run-h200: $(date -u +%H:%M:%S.%N | cut -c1-12) $*"; }
@@ -61,6 +65,32 @@ if [ -d /host/usr/bin ]; then
 fi
 SH
     chmod 0755 "$C/opt/iu-gpu/host-mounts"
+    cat > "$C/usr/local/bin/iu-llama-server" <<'SH'
+#!/bin/sh
+# llama-server as the GPU machine built it (IU_LLAMA_DIR, bound at
+# /run/iu-llama by inner.sh), run in the machine's root (/host) as host-python
+# runs its torch: the machine's CUDA libraries and driver.  The process stays
+# in the unit's cgroup and the container's PID namespace.  With fake GPUs (the
+# local run) it holds the fake device file of each GPU in CUDA_VISIBLE_DEVICES
+# open: that is how the fake backend sees a GPU user.
+set -eu
+if [ -f /opt/iu-gpu/host.env ]; then . /opt/iu-gpu/host.env; fi
+if [ "${IU_FAKE_GPUS:-}" = 1 ]; then
+    fd=7
+    for i in $(echo "${CUDA_VISIBLE_DEVICES:-}" | tr , ' '); do
+        eval "exec $fd</var/lib/fakegpu/nvidia$i"
+        fd=$((fd + 1))
+    done
+fi
+exec /usr/sbin/chroot /host /run/iu-llama/bin/llama-server "$@"
+SH
+    chmod 0755 "$C/usr/local/bin/iu-llama-server"
+    # The machine's root as host-python and iu-llama-server see it: its
+    # merged-/usr links (its /usr /opt /etc: inner.sh).
+    mkdir -p "$C/host/usr" "$C/host/opt" "$C/host/etc"
+    for l in bin sbin lib lib32 lib64 libx32; do
+        if [ -L "/$l" ]; then ln -sfn "$(readlink "/$l")" "$C/host/$l"; fi
+    done
     cat > "$C/etc/systemd/system/iu-host-mounts.service" <<'UNIT'
 [Unit]
 Description=host-python's view of the GPU machine
@@ -99,6 +129,7 @@ UNIT
         mkdir -p "$C/var/lib/fakegpu"
         : > "$C/var/lib/fakegpu/nvidia0"
         : > "$C/var/lib/fakegpu/nvidia1"
+        : > "$C/var/lib/fakegpu/nvidiactl"     # no GPU's: l7's GPU monitor holds it
         # IU_FAKE_GPU_COUNT=1: the one-GPU machine's path (two-GPU scenarios skipped)
         gpu0='{"index": 0, "uuid": "GPU-fake0000-0000-0000-0000-000000000000", "pci": "0000:41:00.0", "device": "/var/lib/fakegpu/nvidia0", "memory_mib": 143771, "memory_used_mib": 0}'
         gpu1='{"index": 1, "uuid": "GPU-fake0001-0000-0000-0000-000000000001", "pci": "0000:42:00.0", "device": "/var/lib/fakegpu/nvidia1", "memory_mib": 143771, "memory_used_mib": 0}'
@@ -112,11 +143,6 @@ UNIT
         printf 'INFER_UNITS_FAKE_GPUS = "/etc/infer-units/fakegpus.json"\nIU_FAKE_GPUS = "1"\n' \
             >> "$C/etc/infer-units/defaults.toml.d/50-harness.toml"
     else
-        # The machine's root as host-python sees it: its merged-/usr links.
-        mkdir -p "$C/host/usr" "$C/host/opt" "$C/host/etc"
-        for l in bin sbin lib lib32 lib64 libx32; do
-            if [ -L "/$l" ]; then ln -sfn "$(readlink "/$l")" "$C/host/$l"; fi
-        done
         # NVML for the hooks inside (the bundled pynvml loads libnvidia-ml.so.1).
         nvml=$(ldconfig -p | awk '/libnvidia-ml\.so\.1 /{print $NF; exit}')
         [ -n "$nvml" ] || nvml=$(ls /usr/local/nvidia/lib64/libnvidia-ml.so.1 2>/dev/null)
@@ -146,7 +172,10 @@ outer_watch() {             # scenario 7: a CUDA process outside the container
 }
 
 main() {
-    say "start; fake=${FAKE:-no} cgroup2=${V2:-no} $(uname -r)"
+    say "start; fake=${FAKE:-no} cgroup2=${V2:-no} llama=${LLAMA:-no} $(uname -r)"
+    if [ -n "$LLAMA" ] && [ ! -x "$LLAMA/bin/llama-server" ]; then
+        say "IU_LLAMA_DIR=$LLAMA has no bin/llama-server"; return 1
+    fi
     if [ -z "$FAKE" ]; then
         nvidia-smi --query-gpu=index,name,driver_version,memory.total,memory.used --format=csv
         ls -l /dev/nvidia* 2>&1

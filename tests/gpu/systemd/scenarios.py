@@ -17,13 +17,16 @@ from __future__ import annotations
 import json
 import os
 import select
+import shlex
 import signal
 import subprocess
 import sys
 import threading
 import time
 import traceback
+import urllib.error
 import urllib.request
+from collections.abc import Callable
 
 OUT, HS = sys.argv[1], sys.argv[2]
 FAKE = os.environ.get("IU_FAKE_GPUS") == "1"
@@ -669,7 +672,7 @@ def s7_container(sc: Scenario) -> None:
                     f"after it left the start succeeded: {rc == 0}")
 
 
-MODELS = ("tp", "left", "right", "peer", "guardkill", "guardfail")
+MODELS = ("tp", "left", "right", "peer", "guardkill", "guardfail", "ll", "llbad")
 
 
 HARNESS_DEFAULTS = "/etc/infer-units/defaults.toml.d/50-harness.toml"
@@ -713,6 +716,371 @@ def s8_restart_cost(sc: Scenario) -> None:
         sc.data["summary"] = f"restart bench rc {rc}: {(err or out)[-300:]}"
 
 
+# ------------------------------------------------------------------ llama.cpp
+
+# llama.cpp's llama-server as the model's server (tests/gpu/systemd/run-h200.sh
+# IU_LLAMA_DIR: the machine's CUDA build; the local run: the CPU build).
+LLAMA_DIR = "/run/iu-llama"
+LLAMA_WRAPPER = "/usr/local/bin/iu-llama-server"
+HAVE_LLAMA = os.access(f"{LLAMA_DIR}/bin/llama-server", os.X_OK)
+LL_PORT = 8501
+
+
+def llama_args(context: int | None = None) -> list[str]:
+    """On the GPU every layer offloaded and the context the build chose (its
+    KV cache is the GBs); on fake GPUs the CPU, one thread, a small context."""
+    if FAKE:
+        return ["-ngl", "0", "-c", str(context or 2048), "--parallel", "1", "--threads", "1"]
+    if context is None:
+        with open(f"{LLAMA_DIR}/CONTEXT") as f:
+            context = int(f.read())
+    return ["-ngl", "99", "-c", str(context), "--parallel", "1"]
+
+
+def llama_toml(port: int = LL_PORT, reap: str = "", liveness: str = 'interval = "0"',
+               env: str = "") -> str:
+    return "\n".join([
+        'engine = "llamacpp"', f'executable = "{LLAMA_WRAPPER}"',
+        f'model = "{LLAMA_DIR}/model.gguf"', f"gpus = {TP}", f"port = {port}",
+        f"args = {json.dumps(llama_args())}",
+        "[env]", env,
+        "[reap]", 'term-grace = "2s"', 'timeout = "30s"', reap,
+        "[ready]", 'timeout = "120s"',
+        "[liveness]", liveness,
+        "[service]", 'RestartSec = "1s"', ""])
+
+
+def http_status(port: int, path: str = "/health") -> int:
+    """The HTTP status of GET path, 0 when nothing answers."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=1) as r:
+            return int(r.status)
+    except urllib.error.HTTPError as e:
+        return int(e.code)
+    except OSError:
+        return 0
+
+
+class Poller:
+    """/health every 5 ms: the first 2xx at or after a moment."""
+
+    def __init__(self, port: int) -> None:
+        self.port = port
+        self.samples: list[tuple[float, int]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            code = http_status(self.port)
+            self.samples.append((time.monotonic(), code))
+            time.sleep(0.005)
+
+    def __enter__(self) -> "Poller":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def first_2xx(self, since: float, after_down: bool = False) -> float | None:
+        down = not after_down
+        for t, code in self.samples:
+            if t < since:
+                continue
+            if not 200 <= code < 300:
+                down = True
+            elif down:
+                return t
+        return None
+
+
+def monotonic_prop(unit: str, prop: str) -> float | None:
+    """A systemd *TimestampMonotonic property in seconds (CLOCK_MONOTONIC, as time.monotonic)."""
+    value = show(unit, prop)
+    return int(value) / 1e6 if value and value != "0" else None
+
+
+def wait_state(what: str, check: Callable[[], bool], timeout: float) -> bool:
+    """Until check() holds (True) or timeout passes (False); `what` names it for the reader."""
+    deadline = time.monotonic() + timeout
+    while not check():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.02)
+    return True
+
+
+def main_pid(unit: str) -> int:
+    return int(show(unit, "MainPID") or 0)
+
+
+def _needs_llama(fn):  # type: ignore[no-untyped-def]
+    fn.needs_llama = True
+    return fn
+
+
+@_needs_llama
+def l1_llama_lifecycle(sc: Scenario) -> None:
+    """Start gated on health, restart with a new pid and one server's memory at
+    the peak, stop returning with the memory back."""
+    d = sc.data
+    add_model("ll", llama_toml())
+    idle = mem()
+    d["memory_idle_mib"] = idle
+    with Poller(LL_PORT) as poll:
+        t0 = time.monotonic()
+        rc, s, _, _ = sc.sh("systemctl start ll")
+        at_return = http_status(LL_PORT)
+    active = monotonic_prop("ll", "ActiveEnterTimestampMonotonic")
+    first = poll.first_2xx(t0)
+    # Gated: active no earlier than the first 2xx (the poller's 5 ms period and
+    # wait-ready's own poll may put either first by a few ms).
+    gated = at_return == 200 and first is not None and active is not None and active >= first - 0.010
+    held = {i: mem()[i] - idle[i] for i in TP}
+    pid1 = main_pid("ll")
+    d["start"] = {"rc": rc, "seconds": round(s, 3), "health_at_return": at_return,
+                  "first_2xx_ms": ms(first - t0) if first else None,
+                  "active_ms": ms(active - t0) if active else None,
+                  "active_minus_first_2xx_ms": ms(active - first) if first and active else None,
+                  "gated_on_health": gated, "server_mib": held, "main_pid": pid1,
+                  "device_fds": device_fds(pid1)}
+    with Sampler() as smp, Poller(LL_PORT) as poll:
+        t1 = time.monotonic()
+        rc2, s2, _, _ = sc.sh("systemctl restart ll")
+        wait_state("ll", lambda: http_status(LL_PORT) == 200, 60)
+    pid2 = main_pid("ll")
+    back = poll.first_2xx(t1, after_down=True)
+    peak = smp.peak()
+    d["restart"] = {"rc": rc2, "seconds": round(s2, 3), "first_2xx_ms": ms(back - t1) if back else None,
+                    "old_pid": pid1, "new_pid": pid2, "old_alive": alive(pid1),
+                    "peak_during_mib": peak, "trace_ms_mib": smp.trace(t1)}
+    d["stop"] = measured_stop(sc, "ll", idle, {"main": pid2, "gpu_pids": {i: [pid2] for i in TP}})
+    d["journal"] = sc.journal("ll.service")
+    ok = (rc == rc2 == d["stop"]["rc"] == 0 and gated and pid2 not in (0, pid1) and not alive(pid1)
+          and back is not None)
+    if not FAKE:
+        ok = ok and all(held[i] >= 1024 for i in TP)
+        ok = ok and all(peak[i] < idle[i] + 1.5 * held[i] for i in TP)
+        ok = ok and all(d["stop"]["memory_at_return_mib"][i] <= idle[i] + SLACK_MIB for i in TP)
+    d["ok"] = bool(ok)
+    d["summary"] = (f"start {s:.2f}s (first 2xx {d['start']['first_2xx_ms']} ms, active "
+                    f"{d['start']['active_ms']} ms: gated {gated}), server {held} MiB; restart {s2:.2f}s, "
+                    f"new pid {pid2 != pid1}, peak {peak} MiB (idle {idle}); stop "
+                    f"{d['stop']['seconds']:.2f}s, memory at return {d['stop']['memory_at_return_mib']} MiB")
+
+
+@_needs_llama
+def l2_llama_killed(sc: Scenario) -> None:
+    """The server SIGKILLed: systemd restarts it (Restart=always), the start
+    cleans up first; active again with one server's memory."""
+    d = sc.data
+    idle = mem()
+    add_model("ll", llama_toml())
+    rc, _, _, _ = sc.sh("systemctl start ll")
+    pid1 = main_pid("ll")
+    held = {i: mem()[i] - idle[i] for i in TP}
+    with Sampler() as smp, Poller(LL_PORT) as poll:
+        t0 = time.monotonic()
+        os.kill(pid1, signal.SIGKILL)
+        again = wait_state("ll", lambda: main_pid("ll") not in (0, pid1)
+                           and show("ll", "ActiveState") == "active", 120)
+        t_active = time.monotonic()
+    first = poll.first_2xx(t0, after_down=True)
+    peak = smp.peak()
+    d.update(start_rc=rc, killed_pid=pid1, new_pid=main_pid("ll"), active_again=again,
+             active_again_s=round(t_active - t0, 3), first_2xx_s=round(first - t0, 3) if first else None,
+             n_restarts=show("ll", "NRestarts"), peak_during_mib=peak, server_mib=held,
+             journal=sc.journal("ll.service"))
+    ok = rc == 0 and again and not alive(pid1) and first is not None
+    if not FAKE:
+        ok = ok and all(peak[i] < idle[i] + 1.5 * max(held[i], 1) for i in TP)
+    d["ok"] = bool(ok)
+    d["summary"] = (f"SIGKILL of the server: active again in {t_active - t0:.2f}s (RestartSec 1s), "
+                    f"first 2xx {d['first_2xx_s']}s, NRestarts {d['n_restarts']}, peak {peak} MiB")
+
+
+@_needs_llama
+def l3_llama_hang(sc: Scenario) -> None:
+    """The server SIGSTOPped: liveness (llama.cpp's default probe generates one
+    token) restarts it through systemd."""
+    d = sc.data
+    add_model("ll", llama_toml(liveness='interval = "1s"\nfailures = 2\ntimeout = "2s"'))
+    rc, _, _, _ = sc.sh("systemctl start ll")
+    pid1 = main_pid("ll")
+    t0 = time.monotonic()
+    os.kill(pid1, signal.SIGSTOP)
+    again = wait_state("ll", lambda: main_pid("ll") not in (0, pid1)
+                       and show("ll", "ActiveState") == "active", 120)
+    t_active = time.monotonic()
+    healthy = http_status(LL_PORT) == 200
+    journal = sc.journal("ll.service")
+    lines = [line for line in journal + sc.journal("infer-units-liveness@ll.service")
+             if "liveness" in line]
+    d.update(start_rc=rc, stopped_pid=pid1, new_pid=main_pid("ll"), active_again=again,
+             active_again_s=round(t_active - t0, 3), healthy=healthy, liveness_lines=lines,
+             journal=journal)
+    d["ok"] = bool(rc == 0 and again and healthy and not alive(pid1)
+                   and any("liveness: restarting" in line for line in lines))
+    d["summary"] = (f"SIGSTOP of the server: liveness restarted it, active again in "
+                    f"{t_active - t0:.2f}s (interval 1s, 2 failures, 2s timeout); "
+                    f"{(lines or ['no liveness line'])[-1].split(': ', 1)[-1][:160]}")
+
+
+@_needs_llama
+def l4_llama_foreign(sc: Scenario) -> None:
+    """A llama-server no unit owns holds GPU 0: foreign = "fail" refuses the
+    start (exit 2) and leaves it; foreign = "kill" reaps it and starts."""
+    d = sc.data
+    env = dict(os.environ, CUDA_VISIBLE_DEVICES="0", CUDA_DEVICE_ORDER="PCI_BUS_ID")
+    stray = subprocess.Popen([LLAMA_WRAPPER, "--model", f"{LLAMA_DIR}/model.gguf", "--host",
+                              "127.0.0.1", "--port", "8599", *llama_args(8192)], env=env,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                             start_new_session=True)
+    try:
+        wait_state("stray", lambda: http_status(8599) == 200, 120)
+        d["stray"] = {"pid": stray.pid, "holders": holders(), "memory_mib": mem()}
+        runs = {}
+        for policy in ("fail", "kill"):
+            add_model("ll", llama_toml(reap=f'foreign = "{policy}"'))
+            rc, s, _, _ = sc.sh("systemctl start ll")
+            runs[policy] = {"rc": rc, "seconds": round(s, 3), "ExecMainPID": show("ll", "ExecMainPID"),
+                            "stray_alive": stray.poll() is None and alive(stray.pid),
+                            "health": http_status(LL_PORT), "journal": sc.journal("ll.service")}
+            if policy == "fail":
+                sc.sh("systemctl stop ll; systemctl reset-failed ll")
+        stray.wait(30)
+        killed = [line for line in runs["kill"]["journal"] if str(stray.pid) in line]
+        d.update(starts=runs, kill_lines=killed)
+        d["ok"] = bool(runs["fail"]["rc"] != 0 and runs["fail"]["stray_alive"]
+                       and runs["fail"]["ExecMainPID"] in ("0", "")
+                       and any("status=2/" in line for line in runs["fail"]["journal"])
+                       and runs["kill"]["rc"] == 0 and runs["kill"]["health"] == 200
+                       and not alive(stray.pid) and bool(killed))
+        d["summary"] = (f"stray llama-server pid {stray.pid} on GPU 0: foreign=fail: start rc "
+                        f"{runs['fail']['rc']}, stray alive {runs['fail']['stray_alive']}; foreign=kill: "
+                        f"start rc {runs['kill']['rc']} in {runs['kill']['seconds']:.2f}s, stray reaped "
+                        f"{not alive(stray.pid)}, {len(killed)} journal line(s) naming it")
+    finally:
+        if stray.poll() is None:
+            stray.kill()
+        stray.wait(30)
+
+
+@_needs_llama
+def l5_llama_drain(sc: Scenario) -> None:
+    """drain stops the model and leaves no device holder, a start is refused
+    until resume, which starts it again."""
+    d = sc.data
+    add_model("ll", llama_toml())
+    rc0, _, _, _ = sc.sh("systemctl start ll")
+    pid1 = main_pid("ll")
+    _nvml_off()      # this runner's NVML handles are device holders too (s6)
+    try:
+        rc, s, _, err = sc.sh("infer-units drain --timeout 60s --term-grace 2s")
+        holders_after = _fd_holders_count()
+    finally:
+        _nvml_on()
+    state_after = show("ll", "ActiveState")
+    rc_f, _, _, err_f = sc.sh("systemctl start ll")
+    rc_r, s_r, _, err_r = sc.sh("infer-units resume")
+    again = wait_state("ll", lambda: show("ll", "ActiveState") == "active"
+                       and http_status(LL_PORT) == 200, 120)
+    pid2 = main_pid("ll")
+    d.update(start_rc=rc0, drain={"rc": rc, "seconds": round(s, 3), "stderr": err.splitlines()[-20:],
+                                  "state_after": state_after, "device_holders_after": holders_after},
+             start_while_drained={"rc": rc_f, "stderr": err_f.splitlines()[-5:]},
+             resume={"rc": rc_r, "seconds": round(s_r, 3), "stderr": err_r.splitlines()[-10:],
+                     "active_again": again, "new_pid": pid2},
+             memory_mib=mem(), journal=sc.journal("ll.service"))
+    d["ok"] = bool(rc0 == rc == rc_r == 0 and state_after != "active" and holders_after == 0
+                   and rc_f != 0 and again and pid2 not in (0, pid1))
+    d["summary"] = (f"drain rc {rc} in {s:.2f}s (ll {state_after}, device holders {holders_after}); "
+                    f"start while drained rc {rc_f}; resume rc {rc_r}: ll active again {again}")
+
+
+@_needs_llama
+def l6_llama_health(sc: Scenario) -> None:
+    """A start refused on a GPU whose health has an error.  What is faked: the
+    GPU's facts, for this one model, come from a fake table (its [env]
+    INFER_UNITS_FAKE_GPUS, honoured on a host marked for tests) with XID 79
+    on GPU 0 and a device file nobody holds; the refusal (pre-start exit 2,
+    the server never run, no automatic retry) is the real path."""
+    d = sc.data
+    marker = "/etc/infer-units/hooks-test-mode"
+    table = "/etc/infer-units/badgpu.json"
+    wrote_marker = not os.path.exists(marker)
+    os.makedirs("/var/lib/iu-badgpu", exist_ok=True)
+    open("/var/lib/iu-badgpu/nvidia0", "w").close()
+    g = GPUS[0]
+    try:
+        if wrote_marker:
+            with open(marker, "w") as f:
+                f.write("test host (the GPU harness, scenario l6)\n")
+        with open(table, "w") as f:
+            json.dump({"gpus": [{"index": 0, "uuid": g.uuid, "pci": g.pci,
+                                 "device": "/var/lib/iu-badgpu/nvidia0",
+                                 "memory_mib": g.memory_total_mib,
+                                 "health": {"xid": [79]}}]}, f)
+        add_model("llbad", llama_toml(reap='foreign = "fail"',
+                                      env=f'INFER_UNITS_FAKE_GPUS = "{table}"').replace(
+                                          f"gpus = {TP}", "gpus = [0]"))
+        rc, s, _, err = sc.sh("systemctl start llbad")
+        # RestartSec is 1s: three of it without a restart is "no automatic retry".
+        retried = wait_state("llbad", lambda: show("llbad", "NRestarts") not in ("0", ""), 3.0)
+        journal = sc.journal("llbad.service")
+        d.update(rc=rc, seconds=round(s, 3), ExecMainPID=show("llbad", "ExecMainPID"),
+                 state=show("llbad", "ActiveState"), n_restarts=show("llbad", "NRestarts"),
+                 retried=retried, journal=journal)
+        refused = [line for line in journal if "refused" in line]
+        d["refused_lines"] = refused
+        d["ok"] = bool(rc != 0 and d["ExecMainPID"] in ("0", "") and not retried
+                       and any("status=2/" in line for line in journal) and refused)
+        d["summary"] = (f"GPU 0 with XID 79 (fake table): start rc {rc} in {s:.2f}s, server never "
+                        f"run {d['ExecMainPID'] in ('0', '')}, retried {retried}; "
+                        f"{(refused or ['no refusal line'])[-1].split(': ', 1)[-1][:160]}")
+    finally:
+        sc.sh("systemctl stop llbad; systemctl reset-failed llbad")
+        os.unlink(table)
+        if wrote_marker:
+            os.unlink(marker)
+
+
+@_needs_llama
+def l7_llama_bench(sc: Scenario) -> None:
+    """bench/llama_restart_bench.py --here: the generated unit, a bare unit with
+    its ExecStart and no hooks, and the seeds' recipe, side by side, with two
+    bystanders.  The seeds' `fuser -k` kills whatever holds a device file:
+    this runner lets go of its NVML handles meanwhile."""
+    runs = int(os.environ.get("IU_LLAMA_BENCH_RUNS", "5"))
+    model = "/run/iu-llama-bench.toml"
+    with open(model, "w") as f:
+        f.write(llama_toml(port=18601).replace(f"gpus = {TP}", "gpus = [0]"))
+    devices = "/var/lib/fakegpu/nvidia*" if FAKE else "/dev/nvidia*"
+    holds = ["--monitor-holds", "/var/lib/fakegpu/nvidiactl"] if FAKE else []
+    out = os.path.join(OUT, "llama-bench.json")
+    _nvml_off()
+    try:
+        rc, _s, text, err = sc.sh(shlex.join(
+            ["python3", "/opt/iu-gpu/bench-tree/bench/llama_restart_bench.py", "--here",
+             "--model-file", model, "--runs", str(runs), "--devices", devices, *holds,
+             "--json", out]), timeout=900)
+    finally:
+        _nvml_on()
+        os.unlink(model)
+    sc.data["output"] = text[-4000:] + err[-2000:]
+    try:
+        with open(out) as f:
+            result = json.load(f)
+    except (OSError, ValueError) as e:
+        result = {"error": str(e)}
+    sc.data["bench"] = {k: result.get(k) for k in ("summary", "added_ms", "ok", "idle_mib")}
+    sc.data["ok"] = rc == 0 and bool(result.get("ok"))
+    lines = [line for line in text.splitlines() if line.startswith(("(a)", "(b)", "(c)", "added"))]
+    sc.data["summary"] = " | ".join(lines) if lines else f"bench rc {rc}: {(err or text)[-300:]}"
+
+
 def cleanup(sc: Scenario) -> None:
     """Every model stopped after each scenario, whatever happened in it, so one
     failure does not block the next scenario's GPUs."""
@@ -746,15 +1114,21 @@ def main() -> int:
                            "memory_all_gpus": round((time.perf_counter() - t) / 200 * 1000, 4)}
     only = os.environ.get("IU_SCENARIOS", "").split()
     for fn in (s1_lifecycle, s2_orphan, s3_disjoint, s4_p2p, s5_status, s6_drain, s7_container,
-               s8_restart_cost):
+               s8_restart_cost, l1_llama_lifecycle, l2_llama_killed, l3_llama_hang, l4_llama_foreign,
+               l5_llama_drain, l6_llama_health, l7_llama_bench):
         name = fn.__name__
         if only and name.split("_")[0] not in only:
             continue
         sc = Scenario(name)
         needs = getattr(fn, "needs_gpus", 1)
+        skipped = None
         if len(GPUS) < needs:
-            sc.data.update(ok=True, skipped=f"needs {needs} GPUs, this machine has {len(GPUS)}")
-            log(f"{name}: SKIP ({sc.data['skipped']})")
+            skipped = f"needs {needs} GPUs, this machine has {len(GPUS)}"
+        elif getattr(fn, "needs_llama", False) and not HAVE_LLAMA:
+            skipped = f"needs llama-server under {LLAMA_DIR} (run-h200.sh IU_LLAMA_DIR)"
+        if skipped:
+            sc.data.update(ok=True, skipped=skipped)
+            log(f"{name}: SKIP ({skipped})")
             save()
             continue
         t = time.monotonic()

@@ -304,6 +304,37 @@ def model_findings(model: Any, backend: Any, every: list[Any], health: Report | 
 
 # ------------------------------------------------------------------ the report
 
+def nvml_source() -> str | None:
+    """Where nvidia-ml-py comes from: the copy the .deb bundles, one installed
+    beside us, or None (then the /proc fallback answers)."""
+    import importlib.util
+    try:
+        if importlib.util.find_spec("infer_units._vendor.pynvml") is not None:
+            return "bundled with the package"
+    except ImportError:
+        pass
+    spec = importlib.util.find_spec("pynvml")
+    if spec is not None:
+        return f"installed: {spec.origin}"
+    return None
+
+
+def backend_detail(name: str | None, error: str | None) -> str:
+    """Which GPU backend answers and why, in words (doctor's first line)."""
+    source = nvml_source()
+    if name == "fake":
+        return "fake (INFER_UNITS_FAKE_GPUS: a test table, not the GPUs)"
+    if name == "nvml":
+        return f"NVML (nvidia-ml-py {source})"
+    if name == "proc":
+        why = ("nvidia-ml-py is neither bundled nor installed" if source is None else
+               f"nvidia-ml-py {source}, but NVML did not start (no libnvidia-ml, or the "
+               "driver not loaded)")
+        return (f"/proc fallback ({why}; which GPU a process uses is a hint from its "
+                "CUDA_VISIBLE_DEVICES)")
+    return f"none ({error or 'no GPUs found'})"
+
+
 def collect(names: list[str], root: str | None = None, do_import: bool = False) -> dict[str, Any]:
     started = time.monotonic()
     from ..facts.gpus import GpuError, backend
@@ -324,6 +355,7 @@ def collect(names: list[str], root: str | None = None, do_import: bool = False) 
     report: dict[str, Any] = {
         "schema": SCHEMA_VERSION,
         "backend": b.name if b else None,
+        "backend_detail": backend_detail(b.name if b else None, host_gpu_error),
         "driver": driver,
         "gpus": [{"index": g.index, "uuid": g.uuid, "pci": g.pci,
                   "findings": [f.as_json() for f in findings if f.gpu == g.index]}
@@ -392,8 +424,8 @@ def table(report: dict[str, Any], verbose: bool = False) -> str:
         counts[f["level"]] = counts.get(f["level"], 0) + 1
     summary = ", ".join(f"{counts[k]} {k}" for k in (ERROR, WARNING, UNKNOWN, OK) if k in counts)
     driver = report["driver"]
-    lines.append(f"{len(report['gpus'])} GPU(s), backend {report['backend']}, driver "
-                 f"{driver.get('version') or '?'}"
+    lines.append(f"{len(report['gpus'])} GPU(s), backend {report['backend_detail']}, driver "
+                 f"{driver.get('version') or 'version unknown'}"
                  + (f" (CUDA {_show_cuda(driver['cuda'])})" if driver.get("cuda") else "")
                  + f": {summary or 'nothing checked'} in {report['elapsed_ms']:.0f} ms"
                  + ("" if verbose else " (--verbose lists the ok ones)"))

@@ -261,14 +261,34 @@ def config_of_model(name: str) -> tuple[Config, dict[str, str]]:
     live = model.liveness
     if live is None or url is None:
         raise ValueError(f"{path}: liveness is off (no health URL, or [liveness] interval = \"0\")")
+    # The server listens where the unit that runs was generated from: the
+    # file on disk may have been edited since, with no daemon-reload yet.
+    url = running_health_url(model.unit_name) or url
     from ..hookenv import hook_settings     # the rule the hooks' environment follows
     env = {k: v for k, v in hook_settings(model.env).items() if k != "INFER_UNITS_FAKE_GPUS"}
     generate = generation_probe(model)     # [liveness] probe = "generate": one token
     post = None
     if generate is not None:
-        url, post = generate
+        from ...generator.urls import parse_url
+        post = generate[1]
+        url = parse_url(url).with_target(parse_url(generate[0]).target).text()
     return Config(model.unit_name, url, live.interval, live.failures, live.timeout,
                   live.max_restarts, live.restart_window, post), env
+
+
+def running_health_url(unit: str) -> str | None:
+    """The health URL the running unit's readiness hook was given (its
+    ExecStartPost's `wait-ready --url URL`, as systemd loaded the unit); None
+    when systemd cannot say or the unit has none."""
+    from ..facts.systemd import SystemdUnavailable, exec_argvs
+    try:
+        argvs = exec_argvs(unit, "ExecStartPost")
+    except SystemdUnavailable:
+        return None
+    for argv in argvs:
+        if "wait-ready" in argv and "--url" in argv[:-1]:
+            return argv[argv.index("--url") + 1]
+    return None
 
 
 # ------------------------------------------------------------------ status

@@ -216,6 +216,14 @@ def list_units_with_jobs(patterns: list[str]) -> list[Listed]:
                    for r in rows), key=lambda u: u.name)
 
 
+def exec_argvs(name: str, prop: str = "ExecStartPost") -> list[list[str]]:
+    """The argv of each command of a service's Exec*= setting (ExecStart,
+    ExecStartPost, ...), as systemd loaded it: the unit that runs, not the
+    file on disk since (a daemon-reload loads that)."""
+    rows = _unit_get(name, SERVICE, prop, "a(sasbttttuii)")
+    return [[_s(word) for word in row[1]] for row in rows]
+
+
 def left_active_at_us(name: str) -> int:
     """Realtime µs of the unit's last ActiveExitTimestamp (0: never active)."""
     return int(_unit_get(name, UNIT, "ActiveExitTimestamp", "t"))

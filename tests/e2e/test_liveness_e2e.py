@@ -239,3 +239,24 @@ def test_interval_zero_turns_liveness_off(box) -> None:
     # one generated file, no liveness drop-in or Wants=
     assert box.sh(f"ls /run/systemd/generator/ | grep -c '{name}'").stdout.strip() == "1"
     assert show(box, f"{name}.service", "Wants")["Wants"].find("liveness") < 0
+
+
+def test_an_edit_before_daemon_reload_is_not_what_liveness_probes(box) -> None:
+    """Liveness probed the port in the model file on disk: an edit waiting
+    for its daemon-reload made it probe a port nobody listens on, restart a
+    healthy server, then cap it and leave it stopped (issue 36 item 7)."""
+    name, port = "lv-edit", 18207
+    add_model(box, name, liveness_model(name, [4], port))
+    box.sh("systemctl daemon-reload")
+    start(box, name)
+    first = unit(box, name)
+    add_model(box, name, liveness_model(name, [4], port + 1))     # not reloaded
+    seen = state(box, name).get("last_probe", {}).get("time", 0)
+    # Probes after the edit (every INTERVAL): each one healthy, on the running port.
+    assert wait_until(lambda: state(box, name).get("last_probe", {}).get("time", 0) > seen + 3,
+                      30), state(box, name)
+    s = state(box, name)
+    assert s["url"] == f"http://127.0.0.1:{port}/health", s
+    assert s["last_probe"]["ok"] and s.get("restarts_total", 0) == 0, s
+    assert unit(box, name)["InvocationID"] == first["InvocationID"]
+    box.sh(f"systemctl stop {name}; rm -f /etc/infer-units/{name}.toml; systemctl daemon-reload")

@@ -114,18 +114,9 @@ def format_seconds(seconds: float, style: str = "exact") -> str:
             if seconds >= size:
                 return f"{seconds / size:.1f}{unit}"
         return f"{seconds:.0f}s"
-    text = _EXACT.get(seconds)
-    if text is None:
-        us = round(seconds * 1_000_000)
-        if us % 1_000_000 == 0:
-            text = f"{us // 1_000_000}s"
-        elif us % 1000 == 0:
-            text = f"{us // 1000}ms"
-        else:
-            text = f"{us}us"
-        _EXACT[seconds] = text
-    return text
-
-
-# The generator formats the same few spans for every model (~8 a unit).
-_EXACT: dict[float, str] = {}
+    us = round(seconds * 1_000_000)
+    if us % 1_000_000 == 0:
+        return f"{us // 1_000_000}s"
+    if us % 1000 == 0:
+        return f"{us // 1000}ms"
+    return f"{us}us"

@@ -14,6 +14,8 @@ import tempfile
 import time
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 TESTS = ROOT / "tests"
 # The interpreter running the tests runs the CLI too (Debian's on hosts, the
@@ -21,6 +23,12 @@ TESTS = ROOT / "tests"
 PYTHON = sys.executable
 # The trust tests' local attacker: a real account without root (conftest.py).
 ATTACKER = "iu-attacker"
+
+
+# wait-free, drain and reap call a GPU free only when they can see every
+# process that might hold it, which only root can.
+needs_root = pytest.mark.skipif(os.geteuid() != 0,
+                                reason="needs root: only root sees every process's open files")
 
 
 @functools.cache
@@ -58,6 +66,14 @@ def base_env(**extra: str) -> dict[str, str]:
     # [nodes] ranks by host name: the tests' host is gpu-a.example, whatever this machine is
     env.setdefault("INFER_UNITS_HOSTNAME", "gpu-a.example")
     env.update(extra)
+    return env
+
+
+def script_env(**extra: str) -> dict[str, str]:
+    """base_env for a script of tools/, which imports its neighbours: its own
+    directory first on sys.path, as when it is run by hand."""
+    env = base_env(**extra)
+    del env["PYTHONSAFEPATH"]
     return env
 
 

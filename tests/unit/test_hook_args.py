@@ -11,7 +11,7 @@ import pytest
 
 from infer_units.helpers.commands import HOOKS
 
-from ..support import PYTHON, ROOT, FakeGpus, base_env, run_cli
+from ..support import PYTHON, ROOT, FakeGpus, base_env, needs_root, run_cli
 
 
 def one_line(done: subprocess.CompletedProcess[str]) -> str:
@@ -51,6 +51,7 @@ def test_no_abbreviations() -> None:
     assert "--gp" in one_line(run_cli("wait-free", "--gp", "0"))
 
 
+@needs_root
 def test_a_value_may_start_with_a_dash(fake_gpus: FakeGpus) -> None:
     """The generator writes `--ignore NAME`; a name may start with "-"."""
     done = run_cli("wait-free", "--gpus", "0", "--ignore", "-bash", "--timeout", "5s",

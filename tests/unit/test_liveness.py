@@ -21,7 +21,7 @@ import pytest
 
 from infer_units.helpers.act import liveness as lv
 from infer_units.helpers.act import metrics
-from ..support import base_env, run_cli
+from ..support import base_env, needs_root, run_cli
 from ..unitfile import exec_argv, values
 
 
@@ -458,6 +458,7 @@ def _cap_cases(stop_post, marker: Path) -> None:
     assert stop_post("ee" * 16) == 0 and not marker.exists()   # stale: passes, removed
 
 
+@needs_root
 def test_wait_free_fails_the_stop_only_for_the_capped_invocation(tmp_path: Path,
                                                                  fake_gpus) -> None:
     """With GPUs the cap is wait-free's (no /bin/sh process on every stop):

@@ -13,7 +13,7 @@ from pathlib import Path
 import click
 import pytest
 
-from ..support import PYTHON, ROOT, base_env
+from ..support import PYTHON, ROOT, script_env
 
 PAGES = ("infer-units.1", "infer-units.toml.5", "infer-units-generator.8")
 
@@ -22,7 +22,7 @@ PAGES = ("infer-units.1", "infer-units.toml.5", "infer-units-generator.8")
 def pages(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     out = tmp_path_factory.mktemp("man")
     done = subprocess.run([PYTHON, str(ROOT / "tools/make-man"), str(out)], capture_output=True,
-                          text=True, env=base_env(), timeout=60)
+                          text=True, env=script_env(), timeout=60)
     assert done.returncode == 0, done.stderr
     assert sorted(Path(p).name for p in done.stdout.split()) == sorted(PAGES)
     return {name: (out / name).read_text(encoding="utf-8") for name in PAGES}
@@ -78,7 +78,7 @@ def test_the_package_build_generates_and_installs_the_three_pages() -> None:
 
 def test_readme_command_table_is_generated_from_the_click_tree() -> None:
     reference = subprocess.run([PYTHON, str(ROOT / "tools/clidoc.py")], capture_output=True,
-                               text=True, env=base_env(), check=True).stdout
+                               text=True, env=script_env(), check=True).stdout
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
     assert reference.strip() in readme, "README's command table is stale: paste " \
         "`python3 tools/clidoc.py` into its Commands section"

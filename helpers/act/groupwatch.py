@@ -11,22 +11,28 @@ rendezvous (the TCPStore on the head's `addr` port) for the group's life.
 So, read once a second from /proc/net/tcp{,6} (no packet sent, nothing the
 engine sees):
 
-  head    the peers connected to its rendezvous port; one that was there
-          when the group formed and is gone (its process died: the kernel
-          closed the connection) means a rank crashed or restarted;
+  head    the other hosts of [nodes] hosts connected to its rendezvous port;
+          one that was there when the group formed and is gone (its process
+          died: the kernel closed the connection) means a rank crashed or
+          restarted.  A rank is known by its host's address, which no one
+          elsewhere can take for an established connection: a connection
+          from any other address is not a rank, whoever opens and closes
+          it (docs/trust.md);
   worker  its connection to the head's rendezvous; gone means the head went
           away (restarted, stopped, crashed): this rank was left behind.
 
 Then `TryRestartUnit` (the same as liveness: ExecStopPost/ExecStartPre clean
 the GPUs; a worker parks in pre-start until the head forms a new group), and
 the group heals in about the head's load time.  Only while the model is
-active and running with no job queued; restarts here are not counted
-against [liveness] max-restarts (a head restarted three times would
-otherwise leave its workers failed), each is a journal line.
+active and running with no job queued.  Each restart is a journal line and
+counts toward [liveness] max-restarts within restart-window, as liveness'
+own do: at the cap the model is stopped and left failed, so no one can
+restart a model without end by what its rank's watch sees.
 """
 
 from __future__ import annotations
 
+import os
 import socket
 import sys
 import time
@@ -77,13 +83,15 @@ def resolve(host: str) -> set[str]:
 
 def group_peers(is_head: bool, port: int, head_addrs: set[str],
                 conns: list[tuple[tuple[str, int], tuple[str, int]]],
-                own_ranks: bool = False) -> set[str]:
+                own_ranks: bool = False, ranks: set[str] | None = None) -> set[str]:
     """Head: the other hosts connected to its rendezvous port (not its own
-    ranks: a remote address that is the connection's own, or loopback).
-    Worker: "head" while it has a connection to the head's rendezvous."""
+    ranks: a remote address that is the connection's own, or loopback),
+    only from `ranks`, the other hosts' addresses (None: any address, for
+    reading the tables alone).  Worker: "head" while it has a connection to
+    the head's rendezvous."""
     if is_head:
         return {remote[0] for local, remote in conns
-                if local[1] == port and (own_ranks or (
+                if local[1] == port and (ranks is None or remote[0] in ranks) and (own_ranks or (
                     remote[0] != local[0] and not remote[0].startswith("127.")
                     and remote[0] != "::1"))}
     return {"head"} if any(remote[1] == port and remote[0] in head_addrs
@@ -122,9 +130,48 @@ class Watch:
         self.missing_since.clear()
 
 
-def _journal(message: str, priority: int, unit: str) -> None:
-    from .liveness import journal_line
-    journal_line(message, priority, unit)
+def restart_counted(model: Any, state: Any, why: str, systemd: Any,
+                    now: float | None = None) -> bool:
+    """Restart the model through systemd, counted with liveness' restarts
+    in its state file; at [liveness] max-restarts within restart-window,
+    stop it and leave it failed instead.  True when systemd took the job."""
+    from ...generator.atomicfile import write_file
+    from ...generator.liveness import cap_marker, state_dir
+    from .liveness import (ERR, WARNING, journal_line, load_state, record_cap, record_restart,
+                           save_state, state_path)
+    unit, live = model.unit_name, model.liveness
+    directory = state_dir({**os.environ, **model.env})
+    path = state_path(unit, directory)
+    saved = load_state(path)
+    now = time.time() if now is None else now
+    recent = [t for t in saved.get("restarts", []) if now - t < live.restart_window]
+    saved["restarts"] = recent
+    why = f"{why} (no engine lets a rank rejoin a running group; group watch)"
+    if len(recent) < live.max_restarts:
+        # Said first: the restart stops this watch too (PartOf=), at once.
+        journal_line(f"liveness: restarting {unit}: {why} (liveness restart {len(recent) + 1} "
+                     f"of {live.max_restarts})", WARNING, unit)
+        failed = systemd.try_restart(unit)
+        if failed is None:
+            record_restart(saved, now, why)
+            save_state(path, saved)
+            return True
+        print(f"<3>{unit}: could not restart it: {failed}", flush=True)
+        return False
+    marker = cap_marker(model.name, directory)
+    write_file(marker, state.invocation, dir_mode=0o755)
+    journal_line(f"liveness: stopping {unit} and leaving it failed: {why}; {len(recent)} "
+                 f"liveness restarts within the restart window is the cap (max-restarts = "
+                 f"{live.max_restarts}); start it by hand once fixed (systemctl start {unit})",
+                 ERR, unit)
+    failed = systemd.stop(unit)
+    if failed is None:
+        record_cap(saved, now, why)
+        save_state(path, saved)
+        return True
+    os.unlink(marker)
+    print(f"<3>{unit}: could not stop it at the restart cap: {failed}", flush=True)
+    return False
 
 
 def run(name: str, poll_s: float = POLL_S, systemd: Any = None,
@@ -132,7 +179,6 @@ def run(name: str, poll_s: float = POLL_S, systemd: Any = None,
     from ...generator.loader import discover, load_model, search_path
     from ...generator.model import build_model
     from ..facts.systemd import Liveness as Systemd
-    from .liveness import WARNING
     dirs = search_path()
     path = discover(dirs)[0].get(name)
     if path is None:
@@ -140,12 +186,21 @@ def run(name: str, poll_s: float = POLL_S, systemd: Any = None,
         return 1
     model = build_model(load_model(name, path, dirs))
     nodes = model.nodes
-    if nodes is None:
-        print(f"<3>{model.unit_name}: not a multi-node model ([nodes])", flush=True)
+    if nodes is None or model.liveness is None:
+        print(f"<3>{model.unit_name}: not a multi-node model with liveness ([nodes], "
+              "[liveness])", flush=True)
         return 1
     unit = model.unit_name
     systemd = systemd or Systemd()
     head_addrs = resolve(nodes.addr_host)
+    ranks: set[str] = set()
+    for rank, host in enumerate(nodes.hosts):
+        if rank != nodes.rank:
+            found = resolve(host)
+            if not found:
+                print(f"<4>{unit}: rank {rank}'s host {host} has no address here: its "
+                      "leaving cannot be seen", flush=True)
+            ranks |= found
     what = (f"rank 0: the ranks connected to port {nodes.addr_port}" if nodes.is_head
             else f"rank {nodes.rank}: its connection to the head's rendezvous {nodes.addr}")
     print(f"<6>{unit}: watching {what}", flush=True)
@@ -153,7 +208,8 @@ def run(name: str, poll_s: float = POLL_S, systemd: Any = None,
     n = 0
     while looks is None or n < looks:
         n += 1
-        gone = watch.look(group_peers(nodes.is_head, nodes.addr_port, head_addrs, established()))
+        gone = watch.look(group_peers(nodes.is_head, nodes.addr_port, head_addrs, established(),
+                                      ranks=ranks))
         if gone:
             state = systemd.model_state(unit)
             if state is None or not state.serving:
@@ -164,13 +220,8 @@ def run(name: str, poll_s: float = POLL_S, systemd: Any = None,
                        if gone == {SHORT} else
                        "rank(s) at " + ", ".join(sorted(gone)) + " left the group"
                        if nodes.is_head else f"the head at {nodes.addr} left the group")
-                # Said first: the restart stops this watch too (PartOf=), at once.
-                _journal(f"liveness: restarting {unit}: {why} (no engine lets a rank "
-                         "rejoin a running group; group watch)", WARNING, unit)
-                failed = systemd.try_restart(unit)
-                if failed is None:
-                    return 0       # systemd restarts this watch with the model
-                print(f"<3>{unit}: could not restart it: {failed}", flush=True)
+                if restart_counted(model, state, why, systemd):
+                    return 0       # systemd restarts (or stops) this watch with the model
         time.sleep(poll_s)
     return 0
 

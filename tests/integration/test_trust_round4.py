@@ -5,6 +5,7 @@ before the fix of its class (docs/trust.md)."""
 
 from __future__ import annotations
 
+import json
 import os
 import pwd
 import secrets
@@ -265,3 +266,144 @@ def test_an_untrusted_run_ends_at_its_deadline_whatever_holds_its_output(
     got = _selftest_as_root(script, attacker, 1.0)
     assert got["verdict"].get("hung") is True, got
     assert time.monotonic() - started < 10, "root waited on the user's leftover"
+
+
+# ------------------------------------------------------------------ 4: group watch
+
+HEAD_IP, RANK_IP, OUTSIDER_IP, RDV_PORT = "10.213.7.1", "10.213.7.2", "10.213.7.9", 29500
+
+GROUP_MODEL = f"""engine = "sglang"
+model = "/models/big"
+gpus = [0]
+port = 18500
+host = "0.0.0.0"
+
+[nodes]
+hosts = ["{HEAD_IP}", "{RANK_IP}"]
+addr = "{HEAD_IP}:{RDV_PORT}"
+rank = 0
+
+[liveness]
+interval = "5s"
+max-restarts = 1
+restart-window = "1h"
+
+[env]
+INFER_UNITS_LIVENESS_DIR = "{{state}}"
+"""
+
+WATCH = r"""
+import json, sys
+from infer_units.helpers.act import groupwatch
+from infer_units.helpers.facts.systemd import ModelState
+
+class Systemd:
+    def model_state(self, unit):
+        return ModelState("active", "running", "ab" * 16, "")
+    def try_restart(self, unit):
+        print("try_restart", unit, flush=True)
+    def stop(self, unit):
+        print("stop", unit, flush=True)
+
+print("watching", flush=True)
+sys.exit(groupwatch.run("mn", poll_s=0.05, systemd=Systemd(), looks=int(sys.argv[1])))
+"""
+
+HOLD_RANK = r"""
+import socket, sys, time
+s = socket.socket()
+s.bind((sys.argv[1], 0))
+s.connect(("10.213.7.1", 29500))
+print("joined", flush=True)
+time.sleep(600)
+"""
+
+CONNECT = r"""
+import socket, sys, time
+for _ in range(int(sys.argv[2])):
+    s = socket.socket()
+    s.bind((sys.argv[1], 0))
+    s.connect(("10.213.7.1", 29500))
+    time.sleep(0.3)            # seen by a look or more, then gone
+    s.close()
+    time.sleep(0.3)
+"""
+
+
+@pytest.fixture
+def netns():
+    """A network namespace of the test's own, with the group's addresses on lo."""
+    keeper = subprocess.Popen(["unshare", "--net", "sleep", "600"])
+    enter = ["nsenter", "-t", str(keeper.pid), "--net"]
+    try:
+        for _ in range(100):
+            if os.readlink(f"/proc/{keeper.pid}/ns/net") != os.readlink("/proc/self/ns/net"):
+                break
+            time.sleep(0.01)
+        subprocess.run([*enter, "ip", "link", "set", "lo", "up"], check=True)
+        for ip in (HEAD_IP, RANK_IP, OUTSIDER_IP):
+            subprocess.run([*enter, "ip", "addr", "add", f"{ip}/32", "dev", "lo"], check=True)
+        yield enter
+    finally:
+        keeper.kill()
+        keeper.wait()
+
+
+def _asked(out: str) -> list[str]:
+    """What the watch asked of systemd."""
+    return [line for line in out.splitlines() if line.startswith(("try_restart ", "stop "))]
+
+
+def _watch(enter: list[str], config: Path, looks: int) -> subprocess.Popen[str]:
+    from tests.support import PYTHON, base_env
+    env = base_env(INFER_UNITS_CONFIG_PATH=str(config))
+    watch = subprocess.Popen([*enter, PYTHON, "-c", WATCH, str(looks)], env=env, text=True,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert watch.stdout is not None and watch.stdout.readline().strip() == "watching"
+    return watch
+
+
+def test_a_connection_that_is_not_a_rank_restarts_nothing_and_restarts_count(
+        attacker, netns: list[str], tmp_path: Path) -> None:
+    """Anyone who opened and closed a connection to a multi-node model's
+    rendezvous port from a non-loopback address made the head restart the
+    model, as often as they liked, and those restarts never met the cap."""
+    from tests.support import PYTHON
+    config, state = tmp_path / "etc", tmp_path / "state"
+    config.mkdir()
+    (config / "mn.toml").write_text(GROUP_MODEL.format(state=state))
+    rendezvous = subprocess.Popen([*netns, PYTHON, "-c", (
+        "import socket, time\n"
+        "s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)\n"
+        f"s.bind(('0.0.0.0', {RDV_PORT})); s.listen(64); print('up', flush=True)\n"
+        "kept = []\n"
+        "while True:\n    kept.append(s.accept()[0])\n")], text=True, stdout=subprocess.PIPE)
+    rank = None
+    try:
+        assert rendezvous.stdout is not None and rendezvous.stdout.readline().strip() == "up"
+        rank = subprocess.Popen([*netns, PYTHON, "-c", HOLD_RANK, RANK_IP], text=True,
+                                stdout=subprocess.PIPE)
+        assert rank.stdout is not None and rank.stdout.readline().strip() == "joined"
+        watch = _watch(netns, config, 60)
+        outsider = subprocess.Popen([*netns, "setpriv", f"--reuid={attacker.pw_uid}",
+                                     f"--regid={attacker.pw_gid}", "--clear-groups", PYTHON,
+                                     "-I", "-c", CONNECT, OUTSIDER_IP, "3"])
+        outsider.wait(timeout=30)
+        out, err = watch.communicate(timeout=60)
+        assert not _asked(out), out + err
+        # The rank's process dies: that is a restart, and it counts.
+        rank.kill()
+        rank.wait()
+        out, err = _watch(netns, config, 20).communicate(timeout=60)
+        assert _asked(out) == ["try_restart mn.service"], out + err
+        saved = json.loads((state / "mn.liveness.json").read_text())
+        assert saved["restarts_total"] == 1 and len(saved["restarts"]) == 1, saved
+        # max-restarts = 1: the next one is the cap, the model stopped and left failed.
+        out, err = _watch(netns, config, 20).communicate(timeout=60)
+        assert _asked(out) == ["stop mn.service"], out + err
+        assert (state / "mn.liveness-cap").read_text() == "ab" * 16
+    finally:
+        for p in (rendezvous, rank):
+            if p is not None:
+                p.kill()
+                p.wait()

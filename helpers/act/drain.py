@@ -190,7 +190,7 @@ def drain(timeout: float, term_grace: float, ignore: tuple[str, ...],
             _log(f"pid {pid} would end with its unit's stop")
     # A leftover of an infer-units service (its stop timed out, say) is never
     # touched, but it must not stop the rest from being reaped: spare it,
-    # reap everything else, then exit 2 naming it (DESIGN: 2 = blocked).
+    # reap everything else, then exit 2 naming it (exit 2 = blocked).
     policy = ReapPolicy(foreign="kill", term_grace=term_grace, timeout=timeout,
                         ignore=ignore, dry_run=dry_run, services="spare")
     result = Reaper(view, gpus, None, policy).run()

@@ -34,20 +34,13 @@ def probe(url: str | Url, timeout: float) -> tuple[bool, str]:
 
 # How often a loading server is looked at.  Until its port accepts a
 # connection, a connect() attempt (refused by the kernel: the server never
-# sees it) says "not yet"; with the sleep between two of them that is
-# ~0.3 ms of CPU a poll here, so every 50 ms is 0.6% of a core (the goal:
-# < 1%, bench/ready_bench.py).  In the first second the port is tried every
-# 3 ms: a server up that soon (a small or cached model, a restart) is seen
-# within ~1.5 ms of its listen, where every 10 ms left it ~5 ms (the hook's
-# exit 5.8 ms after the listen at the median, max 7.1, against 10.1 and 14.8:
-# 2-core VM, 2026-12-04).  The ready notice was 12.6-14.4 ms of the
-# 48.7-55.4 ms the hooks added to a restart at 10 ms (bench/restart_bench.py).
-# That second costs 1.8-2.6% of a core once, against 1.3-1.8% at 10 ms, and
-# the first 10 s of waiting, that second included, 0.65-0.87% (0.65-0.72%);
-# every 2 ms took them to 1.01% once.  Once it listens, health is asked
-# every `interval` (default 50 ms: the unit is active within ~50 ms of the
-# first 2xx; llama.cpp answers 503 "Loading model" cheaply meanwhile).
-# Reading /proc/net/tcp instead cost 17% of a core at 20 ms.
+# sees it) says "not yet", for a small fraction of a core at this pace (the
+# goal: under 1% of a core while waiting; docs/performance.md has the
+# figures).  In the first second the port is tried faster: a server up that
+# soon (a small or cached model, a restart) is seen about as soon as it
+# listens, for a cost paid once.  Once it listens, health is asked every
+# `interval` (llama.cpp answers 503 "Loading model" cheaply meanwhile).
+# Reading /proc/net/tcp instead costs far more than a refused connect().
 LISTEN_POLL_S = 0.05
 LISTEN_FAST_POLL_S, LISTEN_FAST_FOR_S = 0.003, 1.0
 
@@ -64,8 +57,8 @@ def accepts(address: str, port: int) -> bool:
     family = socket.AF_INET6 if ":" in address else socket.AF_INET
     with socket.socket(family, socket.SOCK_STREAM) as s:
         s.settimeout(1.0)
-        # connect_ex: a refusal is a number, not an exception to build (a
-        # third of a poll's CPU, bench/ready_bench.py "absent").
+        # connect_ex: a refusal is a number, not an exception to build, which
+        # is most of a refused poll's CPU.
         return s.connect_ex((address, port)) == 0
 
 

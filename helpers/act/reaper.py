@@ -1,9 +1,10 @@
 """Reaping the users of a set of GPUs: SIGTERM, grace, SIGKILL, and waiting on
 pidfds until they are gone, then confirming with the GPU backend.
 
-Measured on H200 (DESIGN.md): GPU memory comes back 70-200 ms after /proc
-shows the fds closed, and a pidfd becomes readable within 1 ms of that, so the
-pidfd is the event to wait on; the backend's process list is the confirmation.
+A killed process's GPU memory comes back well after /proc shows its fds
+closed, and its pidfd becomes readable about when the memory is back
+(docs/architecture.md), so the pidfd is the event to wait on; the backend's
+process list is the confirmation.
 """
 
 from __future__ import annotations
@@ -26,12 +27,12 @@ from ..facts.procinfo import read_proc, read_stat, wchan
 from .progress import Progress
 
 # How often to re-ask the backend while it still lists a pid whose pidfd said
-# "exited" (NVML lags the exit by well under this on H200).
+# "exited" (NVML lags the exit by a little).
 CONFIRM_POLL_S = 0.002
 # After SIGKILL, how often a cheap backend (NVML) is asked whether the killed
-# processes still hold the GPUs: measured on H200 under systemd, their memory
-# came back 42-110 ms *before* their pidfd became readable (bench/results/
-# 2026-11-30-h200x2-systemd), so the pidfd alone returns that much late.
+# processes still hold the GPUs: under systemd their memory came back before
+# their pidfd became readable (docs/performance.md), so the pidfd alone
+# returns late.
 KILLED_POLL_S = 0.005
 # Memory no visible process accounts for is re-checked at this pace (backing
 # off from CONFIRM_POLL_S): it belongs to processes we cannot wait on.

@@ -1,4 +1,4 @@
-"""Who is each user of a unit's GPUs, in DESIGN.md's order:
+"""Who is each user of a unit's GPUs, in this order (docs/trust.md):
 
   own      in this unit's own cgroup: leftovers of its previous run, reaped
   service  in another infer-units service's cgroup: never touched (exit 2)

@@ -1,7 +1,7 @@
-"""GPU and host health: the checks of DESIGN.md "GPU health", as findings.
+"""GPU and host health: the checks of docs/architecture.md "GPU health", as findings.
 
 Each finding is ok / warning / error / unknown, with the fact it read and the
-fix an operator types.  The facts come from healthfacts.py (NVML, the fake
+fix an operator types.  The facts come from facts/health.py (NVML, the fake
 table, the kernel under a root directory); this module only judges.  Used by
 `infer-units doctor`, by pre-start (the checks of the model's GPUs: an error
 refuses the start unless `[health] accept` names the check), by `status` and
@@ -32,7 +32,7 @@ GPU_CHECKS = ("remapped-rows", "retired-pages", "xid", "ecc", "persistence", "fa
 HOST_CHECKS = ("nvidia-uvm",)
 assert set(GPU_CHECKS + HOST_CHECKS) == set(HEALTH_CHECKS), "settings.HEALTH_CHECKS out of date"
 
-# XIDs after which the GPU must not take a new server (DESIGN.md), with what
+# XIDs after which the GPU must not take a new server (docs/architecture.md), with what
 # the operator does about each; any other XID since boot is a warning.
 FATAL_XIDS = {
     79: "the GPU has fallen off the bus: check its power and PCIe seating; reboot the host",

@@ -97,7 +97,7 @@ def restarting_unit(pid: int, cgroup: str) -> tuple[str, str] | None:
     service that systemd restarts when it dies: its cgroup is exactly that
     unit's ControlGroup (not a user's unit of that name, not user@UID.service
     above it) and Restart= is not "no".  Killing such a process only makes
-    systemd start it again (after RestartSec=, 100 ms by default): the GPU
+    systemd start it again (after RestartSec=): the GPU
     looks free, then is taken again.  None otherwise, or without systemd."""
     unit = None
     for part in reversed(cgroup.split("/")):

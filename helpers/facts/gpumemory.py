@@ -2,19 +2,17 @@
 
 NVML answers in the caller's PID namespace: inside a container (LXC, nspawn)
 the processes of other namespaces are not listed, but their memory still shows
-in the GPU's used memory (DESIGN.md, measured on H200).  So "no process is
-listed" is not "free": compare used memory with what the listed processes
-hold.
+in the GPU's used memory (docs/architecture.md).  So "no process is listed"
+is not "free": compare used memory with what the listed processes hold.
 
 The baseline is what a GPU uses with no process at all.  NVML's memory info
-v2 reports the driver's reservation apart from "used" (H200: used 0, reserved
-615 MiB idle; a process holding 2566 MiB moved used to 2574:
-bench/results/2026-11-30-h200/nvml-memory.txt), so the baseline is 0 there.
-With only v1, "used" includes the reservation and the baseline defaults to
-1024 MiB (615 on H200, more on GPUs with larger reservations).
-INFER_UNITS_GPU_BASELINE_MIB overrides it for every GPU (e.g. through the
-model's [env]).  On top, SLACK_MIB per GPU and PER_PROCESS_SLACK_MIB per
-listed process absorb NVML's own rounding (8 MiB per process on H200).
+v2 reports the driver's reservation apart from "used", so the baseline is 0
+there.  With only v1, "used" includes the reservation and the baseline
+defaults to V1_BASELINE_MIB, above the reservations seen (docs/performance.md
+has them).  INFER_UNITS_GPU_BASELINE_MIB overrides it for every GPU (e.g.
+through the model's [env]).  On top, SLACK_MIB per GPU and
+PER_PROCESS_SLACK_MIB per listed process absorb NVML's own rounding per
+process.
 """
 
 from __future__ import annotations

@@ -48,8 +48,8 @@ class GpuUse:
 class Backend:
     name = "none"
     exact = True      # False where "which GPU" is only a hint
-    # users() costs ~0.05 ms (NVML), not a scan of every process's fds: worth
-    # asking every few ms while killed processes let go of their memory.
+    # users() is one NVML call, not a scan of every process's fds: cheap
+    # enough to ask every few ms while killed processes let go of their memory.
     cheap_users = False
     # Processes the last users() call could not look into (other users' fds
     # when not root): a holder may hide among them.
@@ -139,7 +139,7 @@ class FdScan:
 
     A node opened through another path to it shows as that path: a server
     chrooted into a root with /dev bound in holds "/host/dev/nvidia0" as seen
-    from here (tests/gpu/systemd: drain missed such a server on H200).  A
+    from here (a drain once missed such a server).  A
     target that ends with one of `paths` is that path when it is the same
     device (or file)."""
 
@@ -194,7 +194,7 @@ class FakeBackend(Backend):
                             reports it (reservation excluded)
       "process_memory_mib"  what each holder of `device` uses on it (default 0)
       "reserved_mib"        the driver's reservation (default 0)
-      "health"              DESIGN.md's health object (absent: healthy; a key
+      "health"              the health object of docs/architecture.md (absent: healthy; a key
                             set to null: not supported, so unknown)
       "driver"              {"version": "580.159.04", "cuda": 13000} (default:
                             unknown), what nvmlSystemGetCudaDriverVersion_v2 says
@@ -372,15 +372,14 @@ class NvmlBackend(Backend):
         return uses
 
     def memory_used_mib(self, index: int) -> int:
-        """v1 used memory of one GPU (bench/reap_bench.py watches it)."""
+        """v1 used memory of one GPU (the reap bench watches it)."""
         used: int = self.nvml.nvmlDeviceGetMemoryInfo(self._handles[index]).used
         return used // (1 << 20)
 
     def memory(self, gpus: list[Gpu]) -> dict[int, tuple[int, int]]:
-        """Version 2 separates the driver's reservation from "used" (H200,
-        bench/results/2026-11-30-h200/nvml-memory.txt: v1 used 615 MiB with no
-        process, v2 used 0 and reserved 615); without it, v1's used and a
-        configured baseline (gpumemory.py)."""
+        """Version 2 separates the driver's reservation from "used" (v1
+        counts it as used with no process at all); without it, v1's used and
+        a configured baseline (gpumemory.py)."""
         nvml = self.nvml
         out: dict[int, tuple[int, int]] = {}
         v2 = getattr(nvml, "nvmlMemory_v2", None)

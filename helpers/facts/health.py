@@ -1,7 +1,7 @@
 """What the driver and the kernel say about the GPUs' health: facts, not verdicts.
 
 Every source answers in the shape of the fake backend's `health` object
-(DESIGN.md "Who uses a GPU"), so one judge (health.py) reads them all:
+(docs/architecture.md, "GPU health"), so one judge (decide/health.py) reads them all:
 
     {"xid": [79], "remapped_rows": {"pending": true, "failure": false},
      "retired_pages_pending": false, "ecc_uncorrected_volatile": 0,

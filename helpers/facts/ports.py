@@ -5,8 +5,6 @@ from __future__ import annotations
 import errno
 import os
 
-# The C module: socket.py would import enum and selectors, a fifth of
-# pre-start's imports (bench/restart_bench.py); its sockets are closed here.
 import socket
 import time
 from collections.abc import Callable
@@ -24,8 +22,8 @@ _NETLINK_SOCK_DIAG = 4
 # struct inet_diag_req).  It asks for no family, so one dump walks each table
 # once for IPv4 and IPv6 together; SOCK_DIAG_BY_FAMILY takes one family a
 # dump, and on Linux >= 6.11 every dump of bound-but-not-listening sockets
-# walks the kernel's whole bind hash: two dumps 2.7-4.7 ms, this one 1.4 ms
-# (2-core VM, 2026-12-04), on every start's path (pre-start).
+# walks the kernel's whole bind hash: one dump instead of two, on every
+# start's path (pre-start).
 _TCPDIAG_GETSOCK = 18
 _NLM_F_REQUEST_DUMP = 0x301
 _NLMSG_ERROR, _NLMSG_DONE = 2, 3
@@ -168,8 +166,7 @@ def unused(port: int) -> bool:
     local port: listening, only bound, connected or in TIME_WAIT, IPv4 or
     IPv6.  A bind() of the wildcard address, dual-stack, without SO_REUSEADDR
     or SO_REUSEPORT collides with every one of them, and costs a hash lookup
-    where a sock_diag dump walks the kernel's bind hash (1-2 ms on Linux >=
-    6.11).  A port that served connections in the last minute still has
+    where a sock_diag dump walks the kernel's bind hash (Linux >= 6.11).  A port that served connections in the last minute still has
     TIME_WAIT leftovers, so a restart of a busy server mostly dumps; a first
     start, a boot's, does not.  False says nothing: look closer.  The socket
     is closed at once; it never listens, so no client sees it.

@@ -17,11 +17,20 @@ class EngineSpec:
     tp_flag: bool                       # the server takes a tensor-parallel size
     health_path: str | None             # default readiness endpoint
     probe_timeout: float                # one health request may take this long
-    stop_timeout: float                 # the server's own drain window
-    # The server's flag for its drain time (seconds): when the user's args
-    # set it, [stop] timeout defaults to it plus the engine's teardown.
+    # [stop] drain default: how long requests in flight may finish after
+    # SIGTERM (0 where the server cannot drain); docs/engines.md, "Stopping".
+    drain: float
+    # The server's flag for its drain time (whole seconds), rendered from
+    # [stop] drain unless the user's args set it or the server's own default
+    # (own_drain) is that drain already.
     drain_flag: str | None = None
+    own_drain: float = 0.0
     drain_rounds: int = 1               # TGI waits it out for the router, then the shards
+    # Environment that turns the drain off (drain = "0s") where no flag does.
+    no_drain_env: tuple[tuple[str, str], ...] = ()
+    # Whether SIGTERM lets requests in flight finish at all; a drain asked
+    # of a server that cannot is refused, not silently ignored.
+    can_drain: bool = True
     # Every flag can also come from the environment variable of its name
     # (clap's `env`: --master-port <- MASTER_PORT); an explicit flag wins.
     flags_from_env: bool = False
@@ -49,46 +58,58 @@ class EngineSpec:
 # directly: NCCL_P2P_DISABLE=1 does not reach them.
 _NO_CUSTOM_ALL_REDUCE = ("--disable-custom-all-reduce",)
 # Time an engine needs after its drain to stop its workers and free the GPUs
-# (SGLang waits up to 15 s for its schedulers; vLLM tears down EngineCore).
+# (SGLang waits up to 15 s for its schedulers; vLLM tears down EngineCore):
+# [stop] timeout defaults to the drain (times its rounds) plus this.
 TEARDOWN_S = 30.0
 
 ENGINE_SPECS: dict[str, EngineSpec] = {
     # python -m sglang.launch_server --model-path M --tp-size N --host H --port P.
     # /health sleeps 1 s and generates one token before answering (503 while
     # warming up or shutting down): a probe needs far more than a second.
-    # SIGTERM drains in-flight requests, then kills its process tree.
     # /health waits up to SGLANG_HEALTH_CHECK_TIMEOUT (20 s) for its token under
-    # load.  Its drain has no time limit (SGL_FORCE_SHUTDOWN=1 skips it).
+    # load.  SIGTERM: /health answers 503 and the server waits, looking every
+    # 5 s, until no request is left, with no time limit (so TimeoutStopSec is
+    # the drain's bound); new requests are still taken meanwhile.  Then it asks
+    # its schedulers to exit and kills its process tree.  SGL_FORCE_SHUTDOWN=1
+    # skips the wait (tokenizer_manager.py sigterm_watchdog).
     "sglang": EngineSpec("sglang.launch_server", None, True, "/health", probe_timeout=30.0,
-                         stop_timeout=60.0, p2p_off_args=_NO_CUSTOM_ALL_REDUCE,
+                         drain=30.0, no_drain_env=(("SGL_FORCE_SHUTDOWN", "1"),),
+                         p2p_off_args=_NO_CUSTOM_ALL_REDUCE,
                          # FlashInfer's PCIe IPC all-reduce is not gated by the flag
                          p2p_off_env=(("SGLANG_ENABLE_PCIE_IPC_ALLREDUCE", "0"),)),
     # python -m vllm.entrypoints.cli.main serve M --tensor-parallel-size N: the
     # `vllm serve` entry (the openai.api_server module is deprecated and has
     # no --headless).  /health is cheap: 200 once the engine is up.
-    # SIGTERM: --shutdown-timeout (default 0: abort in-flight requests), then
-    # EngineCore and its workers are SIGKILLed.  Its FlashInfer and symmetric
-    # memory all-reduce (on by default on Hopper) ignore the custom AR flag.
+    # SIGTERM: EngineCore finishes the requests it has for up to
+    # --shutdown-timeout seconds (default 0: abort them) and answers every new
+    # one with an abort at once, then it and its workers are SIGKILLed
+    # (launcher.py handle_shutdown, v1/engine/core.py _handle_shutdown).  Its
+    # FlashInfer and symmetric memory all-reduce (on by default on Hopper)
+    # ignore the custom AR flag.
     "vllm": EngineSpec("vllm.entrypoints.cli.main", None, True, "/health", probe_timeout=10.0,
-                       stop_timeout=TEARDOWN_S, drain_flag="--shutdown-timeout",
+                       drain=30.0, drain_flag="--shutdown-timeout",
                        # /health reads a flag: 200 while the engine was broken (vllm#36960)
                        liveness_probe="generate", model_name_flag="--served-model-name",
                        p2p_off_args=_NO_CUSTOM_ALL_REDUCE,
                        p2p_off_env=(("VLLM_ALLREDUCE_USE_FLASHINFER", "0"),
                                     ("VLLM_ALLREDUCE_USE_SYMM_MEM", "0"))),
-    # python -m tensorrt_llm.commands.serve M --tp_size N (the trtllm-serve entry point)
+    # python -m tensorrt_llm.commands.serve M --tp_size N (the trtllm-serve entry
+    # point).  SIGTERM is uvicorn's: it closes the port (new connections are
+    # refused) and waits for the requests in flight with no time limit
+    # (serve/openai_server.py): TimeoutStopSec is the drain's bound.
     "trtllm": EngineSpec("tensorrt_llm.commands.serve", None, True, "/health",
-                         probe_timeout=10.0, stop_timeout=30.0),
+                         probe_timeout=10.0, drain=30.0),
     # text-generation-launcher: launcher -> shards -> router; the router (and
     # with it /health) appears only once every shard is ready and warmed up.
-    # SIGTERM: --graceful-termination-timeout (90 s) for the router, then the
-    # same again for the shards.  Fixed defaults that collide between two TGI
+    # SIGTERM: the router stops taking connections and finishes those it has,
+    # for up to --graceful-termination-timeout (90 s), then the shards get as
+    # long.  Fixed defaults that collide between two TGI
     # models: --master-port 29500 (torch, with several shards),
     # --prometheus-port 9000 (the router dies at start when it is taken),
     # --shard-uds-path /tmp/text-generation-server (a second launcher deletes
     # the first one's sockets).
     "tgi": EngineSpec(None, "text-generation-launcher", True, "/health", probe_timeout=10.0,
-                      stop_timeout=180.0, drain_flag="--graceful-termination-timeout",
+                      drain=90.0, drain_flag="--graceful-termination-timeout", own_drain=90.0,
                       drain_rounds=2, flags_from_env=True,
                       port_flags=(("--master-port", 1), ("--prometheus-port", 2)),
                       path_flags=(("--shard-uds-path", "/tmp/text-generation-server-{name}"),)),
@@ -96,10 +117,13 @@ ENGINE_SPECS: dict[str, EngineSpec] = {
     # /health answers 503 "Loading model" until the model is loaded.
     # /health reports the server's state, not a generation: probe liveness
     # with one token (/v1/completions; it ignores the "model" field).
+    # SIGTERM ends its task loop at once and cuts the requests in flight
+    # (tools/server/server.cpp shutdown_handler): it cannot drain.
     "llamacpp": EngineSpec(None, "llama-server", False, "/health", probe_timeout=10.0,
-                           stop_timeout=30.0, liveness_probe="generate",
+                           drain=0.0, can_drain=False, liveness_probe="generate",
                            model_name_flag="--alias"),
-    "command": EngineSpec(None, None, False, "/health", probe_timeout=10.0, stop_timeout=30.0),
+    # Any server: [stop] drain is only how long systemd waits after SIGTERM.
+    "command": EngineSpec(None, None, False, "/health", probe_timeout=10.0, drain=0.0),
 }
 
 

@@ -48,7 +48,8 @@ class Model:
     ready_timeout: float
     ready_interval: float
     ready_probe_timeout: float
-    stop_timeout: float
+    drain: float                    # [stop] drain: requests in flight may finish this long
+    stop_timeout: float             # [stop] timeout: the drain and the teardown
     # Per-instance ports and paths for engines whose defaults collide on one
     # host, rendered after the engine's argv: ("--master-port", "8001"), ...
     instance_args: tuple[tuple[str, str], ...]
@@ -184,8 +185,10 @@ def build_model(merged: MergedConfig) -> Model:
     fields["nccl_env"] = nccl_env
     fields["reap_ignore"] = tuple(dict.fromkeys(BUILTIN_IGNORE + tuple(values["reap.ignore"])))
     fields["ready_probe_timeout"] = probe_timeout
-    fields["stop_timeout"] = _stop_timeout(values, spec, merged)
-    fields["instance_args"] = instance_args
+    drain, drain_args = _drain(values, spec, merged)
+    fields["drain"] = drain
+    fields["stop_timeout"] = _stop_timeout(values, spec, merged, drain)
+    fields["instance_args"] = instance_args + drain_args
     fields["ports"] = ports
     fields["nodes"] = nodes
     fields["liveness"] = build_liveness(values, merged, probe_timeout, spec.liveness_probe)
@@ -240,17 +243,51 @@ def _drain_seconds(v: dict[str, Any], spec: EngineSpec, merged: MergedConfig) ->
     return float(int(given))
 
 
-def _stop_timeout(v: dict[str, Any], spec: EngineSpec, merged: MergedConfig) -> float:
-    """[stop] timeout, or the engine's default; never shorter than the drain
-    the user's args ask the server for (vLLM --shutdown-timeout N)."""
-    seconds = _drain_seconds(v, spec, merged)
+def _drain(v: dict[str, Any], spec: EngineSpec, merged: MergedConfig,
+           ) -> tuple[float, tuple[tuple[str, str], ...]]:
+    """[stop] drain (or the drain the user's args give the server, or the
+    engine's default) and the server flag that asks for it, when the args do
+    not already: (seconds, (("--shutdown-timeout", "30"),) or ())."""
+    given = _drain_seconds(v, spec, merged)
+    asked: float | None = v["stop.drain"]
+    if asked is not None and given is not None and asked != given:
+        raise ConfigError(merged.file_of("stop.drain"), "stop.drain",
+                          f"{asked:g}s, but args give the server {spec.drain_flag} {given:g}: "
+                          "set the drain in one place")
+    if asked is not None and asked > 0 and not spec.can_drain:
+        raise ConfigError(merged.file_of("stop.drain"), "stop.drain",
+                          f"{v['engine']} cannot drain: SIGTERM cuts the requests in flight "
+                          '(docs/engines.md, "Stopping"); set drain = "0s"')
+    if given is not None:
+        return given, ()
+    drain = spec.drain if asked is None else asked
+    if asked is None and v["stop.timeout"] is not None:
+        # A stop window set without a drain bounds the default drain: the
+        # teardown still fits (a file that set only [stop] timeout keeps the
+        # stop it had).
+        room = (v["stop.timeout"] - TEARDOWN_S) / spec.drain_rounds
+        drain = min(drain, float(max(0, int(room))))
+    if spec.drain_flag is None or drain == spec.own_drain:
+        return drain, ()
+    # The server counts whole seconds: round up, never cut the drain short.
+    seconds = int(-(-drain // 1))
+    if seconds * spec.drain_rounds + TEARDOWN_S > MAX_SECONDS:
+        raise ConfigError(merged.file_of("stop.drain"), "stop.drain",
+                          f"{drain:g}s: at most {int((MAX_SECONDS - TEARDOWN_S) // spec.drain_rounds)}s")
+    return float(seconds), ((spec.drain_flag, str(seconds)),)
+
+
+def _stop_timeout(v: dict[str, Any], spec: EngineSpec, merged: MergedConfig,
+                  drain: float) -> float:
+    """[stop] timeout, or the drain (times its rounds: TGI's router, then its
+    shards) plus the engine's teardown; never shorter than the drain."""
     if v["stop.timeout"] is None:
-        return spec.stop_timeout if seconds is None else \
-            seconds * spec.drain_rounds + TEARDOWN_S
-    if seconds is not None and v["stop.timeout"] < seconds * spec.drain_rounds:
+        return min(MAX_SECONDS, drain * spec.drain_rounds + TEARDOWN_S)
+    if v["stop.timeout"] < drain * spec.drain_rounds:
         raise ConfigError(merged.file_of("stop.timeout"), "stop.timeout",
-                          f"{v['stop.timeout']:g}s is shorter than the server's own "
-                          f"{spec.drain_flag} {seconds:g}"
+                          f"{v['stop.timeout']:g}s is shorter than "
+                          + (f"the server's own {spec.drain_flag} {drain:g}" if spec.drain_flag
+                             else f"[stop] drain {drain:g}s")
                           + (f" (x{spec.drain_rounds}: router, then shards)"
                              if spec.drain_rounds > 1 else "")
                           + ": systemd would kill it draining")

@@ -161,6 +161,8 @@ def _environment(m: Model, selector: str | None, pci: bool) -> str:
         # Unset, vLLM SIGKILLs EngineCore and its workers right after SIGTERM
         # (--shutdown-timeout 0); this gives them time to free the GPUs cleanly.
         env["VLLM_WORKER_SHUTDOWN_TIMEOUT_SECONDS"] = "10"
+    if m.drain == 0:
+        env.update(spec.no_drain_env)     # SGLang: no wait for its requests in flight
     env.update(m.nccl_env)
     env.update(m.env)
     return "\n".join(["Environment=" + text for text in environment_assignments(env)])
@@ -253,9 +255,12 @@ def _kill_signal(m: Model) -> str:
 
 
 def _stop_post_timeout(m: Model) -> float:
-    """wait-free waits for the unit's own processes and their memory; bounded
-    so that it ends before TimeoutStopSec (stop.timeout + margin) kills it."""
-    return min(m.reap_timeout, max(1.0, m.stop_timeout))
+    """wait-free waits for the unit's own processes and their memory once the
+    server has exited, its drain over: bounded by the teardown part of the
+    stop window, so that it ends before TimeoutStopSec (stop.timeout +
+    margin) kills it."""
+    teardown = m.stop_timeout - m.drain * ENGINE_SPECS[m.engine].drain_rounds
+    return min(m.reap_timeout, max(1.0, teardown))
 
 
 def _directives(directives: dict[str, list[str]]) -> list[str]:

@@ -533,10 +533,16 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("ready.probe-timeout", check_duration, None,
             "How long one health request may take; default per engine (SGLang's /health "
             "generates a token: 30s; others 10s).", attr=DERIVED),
+    Setting("stop.drain", check_duration, None,
+            "On stop and restart, how long the requests in flight may finish while new ones "
+            "are refused; default per engine (vLLM, SGLang, TRT-LLM 30s; TGI 90s, for its "
+            "router, then its shards; llama.cpp and command 0s: llama.cpp cannot drain). "
+            "\"0s\": requests in flight are cut at once. vLLM gets --shutdown-timeout, TGI "
+            "--graceful-termination-timeout, SGLang SGL_FORCE_SHUTDOWN=1 when 0s; SGLang and "
+            "TRT-LLM drain until TimeoutStopSec= otherwise.", attr=DERIVED),
     Setting("stop.timeout", check_duration, None,
-            "How long the server may drain after SIGTERM; default per engine (TGI 180s: "
-            "90s for its router, then for its shards; SGLang 60s; others 30s; more when args set "
-            "the server's own drain time). TimeoutStopSec= is derived from it.", attr=DERIVED),
+            "The whole stop after SIGTERM: the drain (twice for TGI) and the engine's teardown; "
+            "default the drain + 30s. TimeoutStopSec= is this + 15s.", attr=DERIVED),
     Setting("nodes.hosts", nodes.check_hosts, None,
             "One model across hosts: every host, in rank order (sglang, vllm).", attr=DERIVED),
     Setting("nodes.addr", nodes.check_addr, None,

@@ -7,7 +7,7 @@ split and C-unescaped, then specifiers are expanded; there is no $ expansion.
 
 from __future__ import annotations
 
-# str.translate tables (the generator quotes thousands of words per run).
+# str.translate tables: each character systemd would read otherwise, escaped.
 _ENV_TABLE: dict[int, str] = {c: f"\\x{c:02x}" for c in (*range(0x20), 0x7F)}
 _ENV_TABLE.update({ord("\\"): "\\\\", ord('"'): '\\"', ord("\n"): "\\n",
                    ord("\t"): "\\t", ord("\r"): "\\r", ord("%"): "%%"})
@@ -28,15 +28,7 @@ def exec_word(word: str, first: bool = False) -> str:
     """One argv word for ExecStart= and friends (`first`: the program)."""
     if word and _SAFE.issuperset(word) and not (first and word[0] in _PREFIXES):
         return word
-    # Printable text has none of the table's control characters (translate()
-    # with a dict is a look-up per character): only these four to escape.
-    if word.isprintable() and "\\" not in word and '"' not in word and "%" not in word \
-            and "$" not in word:
-        return '"' + word + '"'
     return '"' + word.translate(_EXEC_TABLE) + '"'
-
-
-_SAFE_LINE = _SAFE | {" "}
 
 
 def exec_line(argv: list[str] | tuple[str, ...]) -> str:
@@ -48,33 +40,16 @@ def exec_line(argv: list[str] | tuple[str, ...]) -> str:
 
 def exec_words(words: list[str] | tuple[str, ...]) -> str:
     """Words for an Exec line, none of them the program (exec_line), joined."""
-    line = " ".join(words)
-    # Fast path, most lines: every word safe.  The joins add len-1 spaces, so
-    # one space more means a word has one (and needs quotes).
-    if _SAFE_LINE.issuperset(line) and line.count(" ") == len(words) - 1 and "" not in words:
-        return line
     return " ".join([exec_word(w) for w in words])
 
 
 def environment_assignment(name: str, value: str) -> str:
     """The right-hand side of Environment= for NAME=value."""
-    text = f"{name}={value}"
-    # Most values need no escape: str.isprintable()/isascii() and `in` are C
-    # scans, translate() with this table a dict look-up per character.
-    if text.isascii() and text.isprintable() and "\\" not in text and '"' not in text \
-            and "%" not in text:
-        return '"' + text + '"'
-    return '"' + text.translate(_ENV_TABLE) + '"'
+    return '"' + f"{name}={value}".translate(_ENV_TABLE) + '"'
 
 
 def environment_assignments(env: dict[str, str]) -> list[str]:
-    """environment_assignment() of each NAME=value; the usual case (none
-    needs an escape) checked once for all of them."""
-    texts = [f"{name}={value}" for name, value in env.items()]
-    whole = "".join(texts)      # the checks are per character: all of them at once
-    if whole.isascii() and whole.isprintable() and "\\" not in whole and '"' not in whole \
-            and "%" not in whole:
-        return ['"' + text + '"' for text in texts]
+    """environment_assignment() of each NAME=value."""
     return [environment_assignment(name, value) for name, value in env.items()]
 
 
@@ -86,8 +61,6 @@ def plain_value(text: str) -> str:
     """Text for directives that expand specifiers but do not unquote
     (Description=): control characters become spaces (nothing can end the
     line), and a trailing backslash, which would continue it, is dropped."""
-    if text.isprintable():      # no control character: only '%' to double
-        return (text.replace("%", "%%") if "%" in text else text).rstrip("\\")
     return text.translate(_PLAIN_TABLE).rstrip("\\")
 
 
@@ -134,9 +107,7 @@ def unit_text_problem(text: str) -> str | None:
             size = len(text.encode("utf-8"))
         except UnicodeEncodeError:
             return "would not be valid UTF-8"
-    # One memchr() a character (all ASCII: in UTF-8 they are those bytes):
-    # less than half of a translate() of the whole unit, and of isprintable()'s
-    # table look-up a character.
+    # All ASCII: in UTF-8 they are those bytes.
     for c in _BAD_CHARS:
         if c in text:
             return "would contain a control character (CR, NUL, ...)"

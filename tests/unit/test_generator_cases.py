@@ -79,6 +79,11 @@ def prepare(case: str, tmp: Path) -> tuple[Path, list[str]]:
     root = tmp / "config"
     if src.is_dir():
         shutil.copytree(src, root, symlinks=True)
+        # As an operator installs them: root's alone (a checkout made under
+        # umask 002 has group-writable files, which the loader refuses).
+        for path in [root, *root.rglob("*")]:
+            if not path.is_symlink():
+                path.chmod(path.stat().st_mode & ~0o022)
         dirs = [str(root / level) for level in LEVELS if (root / level).is_dir()]
     else:
         (root / "etc").mkdir(parents=True)

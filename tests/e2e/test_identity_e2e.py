@@ -185,3 +185,26 @@ def test_a_foreign_restart_always_unit_is_stopped_through_systemd(box) -> None:
     finally:
         box.sh("systemctl stop id-hogd; rm -f /etc/systemd/system/id-hogd.service", check=False)
         _cleanup(box, "id-g")
+
+
+# ------------------------------------------------------------------ round 3's leftover
+
+def test_a_unit_rendered_into_etc_is_an_infer_units_service(box) -> None:
+    """`infer-units render --output /etc/systemd/system` writes the
+    generator's unit, stamp included, where systemd loads it: its processes
+    are another infer-units service's, never foreign (they were reaped)."""
+    name = "id-etc"
+    add_model(box, name, model_toml(name, [1], 18311))
+    box.sh(f"infer-units render {name} --output /etc/systemd/system")
+    box.sh(f"rm -f /etc/infer-units/{name}.toml && systemctl daemon-reload && systemctl start {name}")
+    try:
+        pid = int(show(box, f"{name}.service", "MainPID")["MainPID"])
+        assert pid and alive(box, pid)
+        done = box.sh(f"INFER_UNITS_FAKE_GPUS={FAKE_TABLE} infer-units reap --gpus 1 "
+                      "--term-grace 1s --timeout 5s", check=False)
+        assert done.returncode == 2, (done.returncode, done.stderr)
+        assert f"belongs to infer-units service {name}.service" in done.stderr, done.stderr
+        assert alive(box, pid)
+    finally:
+        box.sh(f"systemctl stop {name}; rm -f /etc/systemd/system/{name}.service; "
+               "systemctl daemon-reload", check=False)

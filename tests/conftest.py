@@ -94,15 +94,17 @@ def holders():
 
 
 @pytest.fixture(scope="session")
-def attacker() -> pwd.struct_passwd:
-    """The local attacker of the trust tests: a real account without root
-    (created once, needs root), whose commands run through setpriv."""
+def attacker() -> Iterator[pwd.struct_passwd]:
+    """The local attacker of the trust tests: a real account without root,
+    whose commands run through setpriv.  The session's own (needs root):
+    created here and removed at the end, so sessions at the same time do not
+    share one and none is left in /etc/passwd."""
+    subprocess.run(["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin",
+                    ATTACKER], check=True)
     try:
-        return pwd.getpwnam(ATTACKER)
-    except KeyError:
-        subprocess.run(["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin",
-                        ATTACKER], check=True)
-        return pwd.getpwnam(ATTACKER)
+        yield pwd.getpwnam(ATTACKER)
+    finally:
+        subprocess.run(["userdel", ATTACKER], check=True)
 
 
 @pytest.fixture

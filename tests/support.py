@@ -21,8 +21,9 @@ TESTS = ROOT / "tests"
 # The interpreter running the tests runs the CLI too (Debian's on hosts, the
 # image's torch Python on the GPU machine).
 PYTHON = sys.executable
-# The trust tests' local attacker: a real account without root (conftest.py).
-ATTACKER = "iu-attacker"
+# The trust tests' local attacker: a real account without root, one for each
+# session (conftest.py).
+ATTACKER = f"iu-attacker-{os.getpid()}"
 
 
 # wait-free, drain and reap call a GPU free only when they can see every

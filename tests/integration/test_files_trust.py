@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from ..support import PYTHON, FakeGpus, base_env, run_cli, run_generator
+from ..support import ATTACKER, PYTHON, FakeGpus, base_env, run_cli, run_generator
 
 VICTIM_TEXT = "root's secret, 0600\n"
 
@@ -108,7 +108,7 @@ def test_planted_symlinks_never_make_a_root_hook_overwrite_a_file(
     assert done.returncode == 0, done.stderr
     refusal = [l for l in done.stderr.splitlines() if "metrics not written" in l]
     assert refusal and "refusing " in refusal[0], done.stderr
-    assert "owned by iu-attacker" in refusal[0] or "writable by" in refusal[0], refusal
+    assert f"owned by {ATTACKER}" in refusal[0] or "writable by" in refusal[0], refusal
 
 
 def test_planted_fifos_never_hang_a_root_hook(fake_gpus: FakeGpus, tmp_path: Path,
@@ -264,7 +264,7 @@ def test_only_links_root_made_are_followed_on_the_way(fake_gpus: FakeGpus, tmp_p
         assert done.returncode == 0, done.stderr
         assert (real / "infer-units.prom").exists() == written, (via, done.stderr)
         if not written:
-            assert f"refusing {sticky / 'by-attacker'}: a symlink owned by iu-attacker" \
+            assert f"refusing {sticky / 'by-attacker'}: a symlink owned by {ATTACKER}" \
                 in done.stderr, done.stderr
 
 

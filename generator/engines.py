@@ -7,6 +7,7 @@ which version); the comments say where it comes from.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 
@@ -132,7 +133,7 @@ def env_name(flag: str) -> str:
     return flag.lstrip("-").upper().replace("-", "_")
 
 
-def flag_value(args: tuple[str, ...] | list[str], flag: str) -> str | None:
+def flag_value(args: Sequence[str], flag: str) -> str | None:
     """The value the user's args give `flag` (`--flag V` or `--flag=V`), if any."""
     found = None
     for i, word in enumerate(args):
@@ -140,4 +141,58 @@ def flag_value(args: tuple[str, ...] | list[str], flag: str) -> str | None:
             found = args[i + 1]
         elif word.startswith(flag + "="):
             found = word[len(flag) + 1:]
+    return found
+
+
+# SGLang's ports with attention data parallelism (server_args.py PortArgs.init_new,
+# data_parallel_controller.py): the dist-init port is the HTTP port + 233 on
+# one node (dist-init-addr's port across nodes), its ZMQ ports follow it, and
+# across nodes the head hands out worker ports on dist-init's port + 13.
+SGLANG_ZMQ_DELTA = 233
+SGLANG_HANDSHAKE_DELTA = 13
+
+
+def _int_flag(args: Sequence[str], *flags: str) -> int | None:
+    for flag in flags:
+        value = flag_value(args, flag)
+        if value is not None and value.isascii() and value.isdigit():
+            return int(value)
+    return None
+
+
+def derived_ports(engine: str, port: int | None, args: Sequence[str],
+                  head_port: int | None, nnodes: int) -> dict[str, int]:
+    """TCP ports the server binds besides its HTTP port, the flags rendered
+    for it (TGI's) and a multi-node head's rendezvous port, each derived from
+    the model's settings by the engine's own rule (docs/engines.md, "Ports"):
+    pre-start checks them as it checks the HTTP port.  `head_port`: the
+    rendezvous port when this host is a multi-node head, else None."""
+    found: dict[str, int] = {}
+    if engine != "sglang":
+        return found      # vLLM picks its internal ports free at run time
+    nccl = _int_flag(args, "--nccl-port")
+    if nccl is not None:
+        found["--nccl-port"] = nccl
+    attn_dp = _int_flag(args, "--attn-dp-size", "--attention-data-parallel-size")
+    if attn_dp is None and "--enable-dp-attention" in args:
+        attn_dp = _int_flag(args, "--dp-size", "--data-parallel-size")
+    if attn_dp is None or attn_dp <= 1:
+        return found
+    if nnodes > 1:
+        if head_port is None:
+            return found      # a worker binds none of them: it connects to the head's
+        dist = head_port
+    elif port is None:
+        return found
+    else:
+        dist = port + SGLANG_ZMQ_DELTA if port + SGLANG_ZMQ_DELTA <= 65535 \
+            else port - SGLANG_ZMQ_DELTA
+        found["SGLang dist-init port"] = dist
+    base = dist + 1 if dist + 6 <= 65535 else dist - 7
+    names = ["tokenizer", "detokenizer", "rpc", "metrics", "scheduler input"]
+    if nnodes > 1:
+        names.append("load collector")
+        found["SGLang DP handshake port"] = dist + SGLANG_HANDSHAKE_DELTA
+    for offset, what in enumerate(names):
+        found[f"SGLang {what} port"] = base + offset
     return found

@@ -6,7 +6,8 @@ import difflib
 from typing import Any
 
 from .durations import MAX_SECONDS
-from .engines import ENGINE_SPECS, TEARDOWN_S, EngineSpec, env_name, flag_value
+from .engines import (ENGINE_SPECS, TEARDOWN_S, EngineSpec, derived_ports, env_name,
+                      flag_value)
 from .errors import ConfigError
 from .liveness import Liveness, build_liveness
 from .loader import MergedConfig
@@ -54,6 +55,7 @@ class Model:
     # host, rendered after the engine's argv: ("--master-port", "8001"), ...
     instance_args: tuple[tuple[str, str], ...]
     ports: dict[str, int]           # what listens where: {"port": 8000, "--master-port": 8001}
+    bound_ports: tuple[int, ...]    # the TCP ports the server binds here: pre-start checks each
     nodes: Nodes | None             # one model across hosts: this host's part
     unit_directives: dict[str, list[str]]
     service_directives: dict[str, list[str]]
@@ -175,6 +177,9 @@ def build_model(merged: MergedConfig) -> Model:
             ports["rendezvous"] = nodes.addr_port
         elif values["engine"] == "vllm":
             del ports["port"]           # --headless: no HTTP server
+    ports.update(derived_ports(values["engine"], values["port"], values["args"],
+                               nodes.addr_port if nodes is not None and nodes.is_head else None,
+                               nodes.count if nodes is not None else 1))
     probe_timeout = _probe_timeout(values, spec)
     fields: dict[str, Any] = {"name": merged.name, "main_path": merged.main_path,
               "sources": tuple(merged.sources)}
@@ -190,6 +195,7 @@ def build_model(merged: MergedConfig) -> Model:
     fields["stop_timeout"] = _stop_timeout(values, spec, merged, drain)
     fields["instance_args"] = instance_args + drain_args
     fields["ports"] = ports
+    fields["bound_ports"] = _bound_ports(values, ports)
     fields["nodes"] = nodes
     fields["liveness"] = build_liveness(values, merged, probe_timeout, spec.liveness_probe)
     return Model(fields)
@@ -319,6 +325,16 @@ def _instance_ports(name: str, v: dict[str, Any], spec: EngineSpec, merged: Merg
         if _given(v, spec, flag) is None:
             args.append((flag, pattern.format(name=name)))
     return tuple(args), ports
+
+
+def _bound_ports(v: dict[str, Any], ports: dict[str, int]) -> tuple[int, ...]:
+    """The ports of `ports` this host's server binds, the HTTP port first:
+    TGI's torch master port only with more than one shard (one shard starts
+    no torch.distributed store)."""
+    shards = v["tensor-parallel"] or (len(v["gpus"]) if isinstance(v["gpus"], list) else 2)
+    bound = [port for what, port in ports.items()
+             if not (v["engine"] == "tgi" and what == "--master-port" and shards == 1)]
+    return tuple(dict.fromkeys(bound))
 
 
 def _check_path(path: str) -> None:

@@ -200,8 +200,12 @@ def _exec_start_pre(m: Model, selector: str | None, pci: bool, ignore: list[str]
         argv += ignore
         if m.health_accept:
             argv += ["--accept-health", ",".join(m.health_accept)]
-    if "port" in m.ports:
-        argv += ["--host", m.host, "--port", str(m.port)]
+    if m.bound_ports:
+        # Every TCP port the server binds, its HTTP port first: one that is
+        # held fails the server's start just as well (docs/engines.md, "Ports").
+        argv += ["--host", m.host]
+        for port in m.bound_ports:
+            argv += ["--port", str(port)]
     if m.is_worker:
         assert m.nodes is not None
         # Parked here, holding no GPU, until the head forms a group: hosts may

@@ -204,18 +204,35 @@ def matches_name(info: ProcInfo, names: tuple[str, ...] | list[str]) -> bool:
     """A GPU daemon of the ignore list: by the root-owned executable's
     basename only (see root_exe_name; argv[0] and comm are set by the process
     itself, so an unprivileged hog calling itself nvidia-persistenced must not
-    be spared), and run by root, or by a system account under a system
-    service (nvidia-persistenced.service drops to its own account).  Anyone
-    can run /usr/bin/nvidia-persistenced with LD_PRELOAD of their own code:
-    run by a person's account, or outside /system.slice, it is that person's
-    GPU user and is reaped like any other."""
+    be spared), and run by root, or by a system account as the program its
+    system service was defined to run (nvidia-persistenced.service drops to
+    its own account).  Anyone can run /usr/bin/nvidia-persistenced with
+    LD_PRELOAD of their own code: run by a person's account, outside
+    /system.slice, or from a service whose own program is something else (a
+    system service's account exec'ing the daemon's binary), it is that
+    account's GPU user and is reaped like any other."""
     if info.root_exe is None or info.root_exe not in names:
         return False
     uid = _uid(info.pid)
     if uid == 0:
         return True
-    return (uid is not None and uid <= SYS_UID_MAX and info.cgroup.startswith("/system.slice/")
-            and "user@" not in info.cgroup)
+    if (uid is None or uid > SYS_UID_MAX or not info.cgroup.startswith("/system.slice/")
+            or "user@" in info.cgroup or not info.unit or not info.unit.endswith(".service")):
+        return False
+    return info.root_exe in _service_programs(info.unit, info.cgroup)
+
+
+def _service_programs(unit: str, cgroup: str) -> set[str]:
+    """Basenames of the programs a system service runs (ExecStart=, as root
+    defined it), when `cgroup` is that service's own; empty when not, or
+    when systemd cannot say."""
+    from .systemd import SystemdUnavailable, control_group, exec_argvs
+    try:
+        if control_group(unit) != cgroup:
+            return set()
+        return {os.path.basename(argv[0]) for argv in exec_argvs(unit, "ExecStart") if argv}
+    except SystemdUnavailable:
+        return set()
 
 
 def ancestors(pid: int) -> set[int]:

@@ -221,7 +221,8 @@ def exec_argvs(name: str, prop: str = "ExecStartPost") -> list[list[str]]:
     ExecStartPost, ...), as systemd loaded it: the unit that runs, not the
     file on disk since (a daemon-reload loads that)."""
     rows = _unit_get(name, SERVICE, prop, "a(sasbttttuii)")
-    return [[_s(word) for word in row[1]] for row in rows]
+    # The program systemd executes, then its arguments (argv[0] may differ).
+    return [[_s(row[0])] + [_s(word) for word in row[1][1:]] for row in rows]
 
 
 def left_active_at_us(name: str) -> int:

@@ -208,3 +208,42 @@ def test_a_unit_rendered_into_etc_is_an_infer_units_service(box) -> None:
     finally:
         box.sh(f"systemctl stop {name}; rm -f /etc/systemd/system/{name}.service; "
                "systemctl daemon-reload", check=False)
+
+
+def test_a_system_services_account_running_a_gpu_daemons_binary_is_reaped(box) -> None:
+    """A system service's own account that execs the daemon's root-owned
+    executable (with LD_PRELOAD of its own code, say) from its own service,
+    defined to run something else, was spared as that GPU daemon."""
+    box.sh("id svc-hog >/dev/null 2>&1 || useradd --system --no-create-home svc-hog; "
+           "install -m 0755 -o root /usr/bin/python3 /usr/local/sbin/nvidia-persistenced")
+    box.write("/usr/local/lib/svc-hog.py", HOLD.format(gpu=0).replace("; ", "\n") + "\n")
+    box.sh("systemd-run --unit=id-svc-hog --uid=svc-hog /bin/sh -c "
+           "'exec /usr/local/sbin/nvidia-persistenced /usr/local/lib/svc-hog.py'")
+    try:
+        assert wait_until(lambda: show(box, "id-svc-hog.service", "MainPID")["MainPID"] != "0", 20)
+        pid = int(show(box, "id-svc-hog.service", "MainPID")["MainPID"])
+        assert wait_until(lambda: any(h["pid"] == pid for h in _holders(box, "0")), 20)
+        done = box.sh(f"INFER_UNITS_FAKE_GPUS={FAKE_TABLE} infer-units reap --gpus 0 "
+                      "--term-grace 1s --timeout 10s", check=False)
+        assert done.returncode == 0, (done.returncode, done.stderr)
+        assert wait_until(lambda: not alive(box, pid), 10), done.stderr
+        # The daemon's own service, defined to run that program: spared.
+        box.sh("systemd-run --unit=id-svc-daemon --uid=svc-hog "
+               "/usr/local/sbin/nvidia-persistenced /usr/local/lib/svc-hog.py")
+        assert wait_until(lambda: show(box, "id-svc-daemon.service", "MainPID")["MainPID"] != "0")
+        daemon = int(show(box, "id-svc-daemon.service", "MainPID")["MainPID"])
+        assert wait_until(lambda: any(h["pid"] == daemon for h in _holders(box, "0")), 20)
+        done = box.sh(f"INFER_UNITS_FAKE_GPUS={FAKE_TABLE} infer-units reap --gpus 0 --json "
+                      "--term-grace 1s --timeout 10s", check=False)
+        assert done.returncode == 0 and alive(box, daemon), (done.stdout, done.stderr)
+        assert daemon in {h["pid"] for h in json.loads(done.stdout)["ignored"]}
+    finally:
+        box.sh("systemctl stop id-svc-hog id-svc-daemon; "
+               "systemctl reset-failed id-svc-hog id-svc-daemon; "
+               "rm -f /usr/local/sbin/nvidia-persistenced /usr/local/lib/svc-hog.py", check=False)
+
+
+def _holders(box, gpus: str) -> list[dict]:
+    out = box.sh(f"INFER_UNITS_FAKE_GPUS={FAKE_TABLE} infer-units holders --json --gpus {gpus}",
+                 check=False).stdout
+    return json.loads(out)["holders"] if out.strip() else []

@@ -955,7 +955,9 @@ def l4_llama_foreign(sc: Scenario) -> None:
         d.update(starts=runs, kill_lines=killed)
         d["ok"] = bool(runs["fail"]["rc"] != 0 and runs["fail"]["stray_alive"]
                        and runs["fail"]["ExecMainPID"] in ("0", "")
-                       and any("status=2/" in line for line in runs["fail"]["journal"])
+                       # (pre-start's exit: its own line, or systemd's, whichever the journal has yet)
+                       and any("status=2/" in line or "exit 2 = blocked" in line
+                               for line in runs["fail"]["journal"])
                        and runs["kill"]["rc"] == 0 and runs["kill"]["health"] == 200
                        and not alive(stray.pid) and bool(killed))
         d["summary"] = (f"stray llama-server pid {stray.pid} on GPU 0: foreign=fail: start rc "
@@ -1036,7 +1038,8 @@ def l6_llama_health(sc: Scenario) -> None:
         refused = [line for line in journal if "refused" in line]
         d["refused_lines"] = refused
         d["ok"] = bool(rc != 0 and d["ExecMainPID"] in ("0", "") and not retried
-                       and any("status=2/" in line for line in journal) and refused)
+                       and any("status=2/" in line or "exit 2 = blocked" in line for line in journal)
+                       and refused)
         d["summary"] = (f"GPU 0 with XID 79 (fake table): start rc {rc} in {s:.2f}s, server never "
                         f"run {d['ExecMainPID'] in ('0', '')}, retried {retried}; "
                         f"{(refused or ['no refusal line'])[-1].split(': ', 1)[-1][:160]}")
@@ -1075,7 +1078,7 @@ def l7_llama_bench(sc: Scenario) -> None:
             result = json.load(f)
     except (OSError, ValueError) as e:
         result = {"error": str(e)}
-    sc.data["bench"] = {k: result.get(k) for k in ("summary", "added_ms", "ok", "idle_mib")}
+    sc.data["bench"] = {k: result.get(k) for k in ("summary", "added_ms", "goal_met", "ok", "idle_mib")}
     sc.data["ok"] = rc == 0 and bool(result.get("ok"))
     lines = [line for line in text.splitlines() if line.startswith(("(a)", "(b)", "(c)", "added"))]
     sc.data["summary"] = " | ".join(lines) if lines else f"bench rc {rc}: {(err or text)[-300:]}"

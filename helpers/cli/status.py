@@ -80,6 +80,21 @@ def _port_view(model: Model, unit_active: bool) -> dict[str, Any] | None:
     return {"foreign": foreign, "out_of_sight": False}
 
 
+def hooks_last_error(unit: str) -> str | None:
+    """The last error line the unit's hooks wrote to the journal (each
+    failing hook's closing line says what its exit code means); None where
+    the journal cannot be read."""
+    import subprocess
+    try:
+        done = subprocess.run(["journalctl", "--no-pager", "-q", "-o", "cat", "-u", unit,
+                               "-t", "infer-units", "-p", "err", "-n", "1"],
+                              capture_output=True, text=True, timeout=10, errors="replace")
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    lines = done.stdout.strip().splitlines()
+    return " ".join(lines[-1].split())[:300] if done.returncode == 0 and lines else None
+
+
 def _why(entry: dict[str, Any], fence: dict[str, Any] | None) -> list[str]:
     """What the state alone does not say: a drained host, a crash loop and
     its last exit, a foreign process on the model's port."""
@@ -97,8 +112,12 @@ def _why(entry: dict[str, Any], fence: dict[str, Any] | None) -> list[str]:
         last = f"last result {sd.get('result') or '?'}"
         if status:
             last += f", main process exit status {status}"
+        said = entry.get("last_error")
         why.append(f"crash loop: {sd.get('restarts', 0)} automatic restart(s), {last}; "
-                   f"the failing step's reason: journalctl -u {entry['unit']} -p err")
+                   + (f"its hooks' last error: {said}" if said else
+                      f"the failing step's reason: journalctl -u {entry['unit']} -p err"))
+    elif sd.get("active_state") == "failed" and entry.get("last_error"):
+        why.append(f"failed; its hooks' last error: {entry['last_error']}")
     port = entry.get("port_view")
     if port and port["foreign"]:
         who = "; ".join(f"pid {p['pid']} ({p['comm']}, user {p['user']}, {p['where']}, "
@@ -136,6 +155,10 @@ def model_status(model: Model, fence: dict[str, Any] | None = None) -> dict[str,
     if model.nodes is not None:
         entry["nodes"] = _nodes_view(model, entry)
     entry["liveness"] = liveness_view(model)
+    sd = entry["systemd"]
+    if sd.get("active_state") == "failed" or sd.get("sub_state") == "auto-restart" or \
+            (sd.get("active_state") == "activating" and sd.get("restarts", 0) > 0):
+        entry["last_error"] = hooks_last_error(model.unit_name)
     entry["why"] = _why(entry, fence)
     return entry
 

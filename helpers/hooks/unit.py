@@ -96,8 +96,10 @@ def _refuse_without_restart(unit: str | None,
     # the signal instead, so we always leave with "blocked" (exit 2) ourselves,
     # at once after the cancel.
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    reason = _Last.error        # the closing line names why, not this consequence
     _say(f"start of {unit} refused; no automatic restart (systemctl start it again "
-         "once the GPUs are free)", ERR)
+         "once what blocked it is gone)", ERR)
+    _Last.error = reason
     why_not = cancel_own_start(unit)
     if why_not is not None:
         _say(f"could not cancel the start of {unit} ({why_not}): Restart= may retry it", WARNING)

@@ -179,8 +179,8 @@ def forget_cache() -> None:
     _system_units_listed.clear()
 
 
-# Each file is read and parsed once per run: the host-wide drop-ins apply to
-# every model (_merge copies what it takes, so no model changes another's).
+# Host-wide drop-ins are read and parsed once per run, and apply to every
+# model: _merge copies what it takes from them, so no model changes another's.
 _parsed: dict[str, dict[str, Any]] = {}
 
 
@@ -221,12 +221,15 @@ def read_file(path: str) -> bytes:
         os.close(fd)
 
 
-def _read_toml(path: str) -> dict[str, Any]:
-    """The file's table (tomllib), checked once against the limits every
-    later step relies on (_check_value)."""
+def _read_toml(path: str, shared: bool) -> dict[str, Any]:
+    """The file's table (tomllib), checked against the limits every later step
+    relies on (_check_value); a `shared` (host-wide) one is kept for the
+    next model."""
     found = _parsed.get(path)
     if found is None:
-        found = _parsed[path] = _parse(path, read_file(path))
+        found = _parse(path, read_file(path))
+        if shared:
+            _parsed[path] = found
     return found
 
 
@@ -280,16 +283,16 @@ def _too_deep(path: str, dotted: str) -> ConfigError:
 
 
 def _merge(dst: dict[str, Any], src: dict[str, Any], path: str,
-           origin: dict[str, str], prefix: str = "") -> None:
-    """Tables merge key by key; anything else replaces, as a copy: a parsed
-    file is shared by every model it applies to (_parsed)."""
+           origin: dict[str, str], shared: bool, prefix: str = "") -> None:
+    """Tables merge key by key; anything else replaces.  What comes from a
+    `shared` (host-wide) file is copied: every model gets its own."""
     for key, value in src.items():
         dotted = f"{prefix}{key}"
         old = dst.get(key)
         if isinstance(value, dict) and isinstance(old, dict):
-            _merge(old, value, path, origin, dotted + ".")
+            _merge(old, value, path, origin, shared, dotted + ".")
             continue
-        dst[key] = copy.deepcopy(value)
+        dst[key] = copy.deepcopy(value) if shared else value
         if isinstance(old, dict):
             # A replaced table forgets where its old keys came from: walk the
             # old table (not every origin: that made merging quadratic).
@@ -452,6 +455,7 @@ def load_model(name: str, main_path: str, dirs: list[str] | None = None) -> Merg
     merged = MergedConfig(name, main_path)
     shared = _drop_ins(dirs, f"{DEFAULTS_NAME}.toml.d")     # every model's: read once, copied
     for path in shared + [main_path] + _drop_ins(dirs, f"{name}.toml.d"):
-        _merge(merged.data, _read_toml(path), path, merged.origin)
+        _merge(merged.data, _read_toml(path, path in shared), path, merged.origin,
+               path in shared)
         merged.sources.append(path)
     return merged

@@ -19,7 +19,6 @@ stderr is never enough.  Where a message goes, first that works:
 from __future__ import annotations
 
 import os
-import socket
 import stat
 import sys
 from typing import TextIO
@@ -92,19 +91,15 @@ def say(priority: int, message: str, ident: str = "infer-units",
     stream.flush()
 
 
-def journal_send(fields: dict[str, str], path: str = JOURNAL_SOCKET,
-                 sock: socket.socket | None = None) -> bool:
+def journal_send(fields: dict[str, str], path: str = JOURNAL_SOCKET) -> bool:
     """One entry in journald's native protocol (FIELD=value, one a line);
     False when the journal cannot be reached.  The one writer of the journal
     socket: the generator and the liveness probe both use it."""
     payload = "".join(f"{k}={v.replace(chr(10), ' ')}\n" for k, v in fields.items())
+    import socket       # here: most runs log to /dev/kmsg or stderr, never to the socket
     try:
-        s = sock if sock is not None else socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-        try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as s:
             s.sendto(payload.encode("utf-8", "replace"), path)
-        finally:
-            if sock is None:
-                s.close()
         return True
     except OSError:
         return False
@@ -119,7 +114,6 @@ class GeneratorLog:
         self.journal_socket = journal_socket
         self.undelivered: list[tuple[int, str]] = []   # for the report unit
         self._kmsg: int | None = None
-        self._sock: socket.socket | None = None
         target = (os.environ.get("SYSTEMD_LOG_TARGET") or "auto").strip().lower()
         # "stderr", "kmsg", "journal" or "auto" (kmsg, else journal, else report)
         if target in ("console", "console-prefixed") or stderr_is_for_people():
@@ -148,15 +142,10 @@ class GeneratorLog:
         print(f"{self.ident}: {message}", file=sys.stderr)
 
     def _to_journal(self, level: int, message: str) -> bool:
-        """One datagram in journald's native protocol, on one socket for the run."""
-        try:
-            if self._sock is None:
-                self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-        except OSError:
-            return False
+        """One datagram in journald's native protocol."""
         return journal_send({"MESSAGE": message, "PRIORITY": str(level),
                              "SYSLOG_IDENTIFIER": self.ident, "SYSLOG_PID": str(os.getpid())},
-                            self.journal_socket, self._sock)
+                            self.journal_socket)
 
     def error(self, message: str) -> None:
         self.log(LEVELS["err"], message)

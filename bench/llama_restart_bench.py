@@ -44,6 +44,7 @@ import time
 import tomllib
 import urllib.error
 import urllib.request
+from typing import Any
 
 WORK = "/run/iu-llama-bench"
 GENERATED, BARE = "llbench", "llbare"
@@ -213,7 +214,7 @@ def quote(word: str) -> str:
         .replace("$", "$$") + '"'
 
 
-def install(model_file: str, devices: str) -> dict:
+def install(model_file: str, devices: str) -> dict[str, Any]:
     with open(model_file, "rb") as f:
         model = tomllib.load(f)
     os.makedirs(WORK, exist_ok=True)
@@ -251,7 +252,7 @@ def server_pid(unit: str) -> int:
     return int(show(unit, "MainPID") or 0)
 
 
-def one(mode: str, cfg: dict, by: Bystanders, seeds_kill: str) -> dict:
+def one(mode: str, cfg: dict[str, Any], by: Bystanders, seeds_kill: str) -> dict[str, Any]:
     unit = GENERATED if mode == "generated" else BARE
     other = BARE if unit == GENERATED else GENERATED
     sh(f"systemctl stop {other}; systemctl reset-failed {other} {unit}")
@@ -260,18 +261,19 @@ def one(mode: str, cfg: dict, by: Bystanders, seeds_kill: str) -> dict:
     wait_2xx(cfg["port"])
     by.ensure()
     old = server_pid(unit)
-    sampler = None if mode == "seeds" else Sampler(cfg["gpus"])
-    poll = Poller(cfg["port"])
-    t0 = time.monotonic()
     if mode == "seeds":
+        poll = Poller(cfg["port"])
+        t0 = time.monotonic()
         sh(f"sh {seeds_kill}")
         start = subprocess.Popen(["/bin/sh", "-c", f"sleep 1; systemctl start {BARE}"])
         sampler = Sampler(cfg["gpus"])     # during the recipe's sleep
         start.wait(WAIT_S)
-        returned = time.monotonic()
     else:
+        sampler = Sampler(cfg["gpus"])
+        poll = Poller(cfg["port"])
+        t0 = time.monotonic()
         sh(f"systemctl restart {unit}")
-        returned = time.monotonic()
+    returned = time.monotonic()
     up = poll.wait()
     peak = sampler.stop()
     new = server_pid(unit)
@@ -294,7 +296,7 @@ def main() -> int:
     args = p.parse_args()
     cfg = install(args.model_file, args.devices)
     by = Bystanders(cfg["cpu_server"], cfg["port"] + 9, args.monitor_holds)
-    samples: list[dict] = []
+    samples: list[dict[str, Any]] = []
     idle: dict[int, int] = {}
     try:
         sh(f"systemctl stop {GENERATED} {BARE}")

@@ -40,8 +40,7 @@ TEMP_EXTRA = len("." + "." + "0" * 12 + ".tmp")        # atomicfile.py's tempora
 LONGEST_SUFFIX = len(".service.json")
 NAME_MAX = FILE_NAME_MAX - TEMP_EXTRA - LONGEST_SUFFIX
 # Model files are a few hundred bytes; this bounds memory and parse time for
-# a file that is not one (a log, an image, /dev/zero behind a symlink): the
-# worst 1 MiB file takes well under a second to refuse.
+# a file that is not one (a log, an image, /dev/zero behind a symlink).
 MAX_FILE_BYTES = 1 << 20
 # Tables and arrays deeper than this are no model file (ours use 3 levels);
 # the limit also keeps every walk below far from Python's recursion limit.

@@ -28,16 +28,21 @@ SESSION_TMP = pytest.StashKey[Path]()
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_configure(config: pytest.Config) -> None:
-    """One temporary directory for everything the session writes there:
-    pytest's tmp_path, tempfile in the tests and in the programs they start
-    (TMPDIR), such as a refused `edit`'s kept text, hypothesis's database and
-    the e2e containers.  Removed at the end, so a run leaves nothing in /tmp."""
+    """One temporary directory for everything the session writes: pytest's
+    tmp_path, tempfile in the tests and in the programs they start (TMPDIR),
+    hypothesis's database, the e2e containers, and the hooks' runtime
+    directory.  Removed at the end, so a run leaves nothing in /tmp or /run."""
     session = Path(tempfile.mkdtemp(prefix="infer-units-tests-"))
     # Sticky and world-writable like /tmp: the other accounts the tests run as
     # use it too.  Root-owned, so its name cannot be taken from under us.
     session.chmod(0o1777)
     os.environ["TMPDIR"] = str(session)
     tempfile.tempdir = str(session)
+    # The hooks' and the CLI's runtime directory (generator/paths.py run_dir:
+    # claims, state, a refused edit's copy) here too, not the host's /run.
+    run = session / "run"
+    run.mkdir(mode=0o755)
+    os.environ["INFER_UNITS_RUN_DIR"] = str(run)
     if config.option.basetemp is None:
         # pytest's own numbered directories would outlive the session
         config.option.basetemp = str(session / "pytest")

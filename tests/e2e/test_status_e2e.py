@@ -89,3 +89,31 @@ def test_a_foreign_port_holder_refuses_at_once_and_the_exit_is_explained(box) ->
         box.sh("systemctl stop st-squat st-port; systemctl reset-failed st-port st-squat",
                check=False)
         _drop(box, "st-port")
+
+
+def test_a_drained_host_is_named_and_no_stale_liveness_is_shown(box) -> None:
+    add_model(box, "st-drain", "\n".join([
+        'engine = "command"', 'command = ["/usr/local/bin/fake-engine", "--port", "18404"]',
+        "gpus = [3]", "port = 18404",
+        "[env]", f'INFER_UNITS_FAKE_GPUS = "{FAKE_TABLE}"',
+        "[liveness]", 'interval = "2s"']) + "\n")
+    box.sh("systemctl daemon-reload && systemctl start st-drain", timeout=120)
+
+    def probed() -> bool:
+        done = box.sh("infer-units status --json st-drain", check=False)
+        [model] = json.loads(done.stdout)["models"]
+        return bool(model["liveness"] and model["liveness"]["last_probe"])
+    try:
+        assert wait_until(probed, 60), box.sh("infer-units status st-drain", check=False).stdout
+        drain = box.sh(f"INFER_UNITS_FAKE_GPUS={FAKE_TABLE} infer-units drain --term-grace 1s "
+                       "--timeout 30s", check=False, timeout=120)
+        assert drain.returncode == 0, drain.stderr
+        table = box.sh("infer-units status st-drain", check=False).stdout
+        assert "this host is drained" in table and "st-drain: drained by `infer-units drain`" \
+            in table, table
+        row = table.splitlines()[1]
+        assert row.startswith("st-drain") and "inactive" in row and " ago" not in row, table
+    finally:
+        box.sh("infer-units resume --timeout 60s", check=False, timeout=120)
+        box.sh("systemctl stop st-drain", check=False)
+        _drop(box, "st-drain")

@@ -142,7 +142,7 @@ def test_a_run_writes_nothing_outside_its_output_directory(tmp_path: Path) -> No
     env = base_env(INFER_UNITS_CONFIG_PATH=str(etc))
     trace = tmp_path / "trace"
     done = subprocess.run(["strace", "-f", "-qq", "-y", "-e", "trace=" + ",".join(_WRITES),
-                           "-e", "status=successful", "-o", str(trace),
+                           "-e", "status=successful", "-e", "signal=none", "-o", str(trace),
                            PYTHON, "-m", "infer_units.generator.main", str(out)],
                           capture_output=True, text=True, timeout=120, env=env, cwd=tmp_path)
     assert done.returncode == 0, done.stderr

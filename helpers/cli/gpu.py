@@ -94,10 +94,10 @@ def holders(selector: str | None, as_json: bool) -> None:
 @click.option("--timeout", type=DURATION, default="60s", help="How long to wait; then exit 3.")
 def wait_port(port: int, host: str, timeout: float) -> None:
     """Wait until the port is free; name who holds it if it is not."""
-    from ..facts.ports import wait_port_reporting
-    if not wait_port_reporting(host, port, timeout,
-                               lambda m: click.echo(f"infer-units: {m}", err=True)):
-        sys.exit(exitcodes.TIMED_OUT)
+    from ..act.portwait import wait_ports
+    sys.exit(wait_ports(host, [port], None, "wait", timeout,
+                        lambda message, _priority: click.echo(f"infer-units: {message}",
+                                                              err=True)))
 
 
 # --------------------------------------------------------------------- p2p-check

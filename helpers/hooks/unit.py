@@ -25,7 +25,6 @@ from ..argtypes import unit_name
 from ..decide.claims import GpuClaims
 from ..die import die
 from ..facts.gpus import Backend, Gpu
-from ..facts.procinfo import ProcInfo
 from .parser import HookParser, checked
 
 ERR, WARNING, NOTICE, INFO = 3, 4, 5, 6     # syslog priorities: journalctl -p
@@ -284,7 +283,8 @@ def _start_checks(a: argparse.Namespace, unit: str, claims: GpuClaims | None,
                 _say(str(e), ERR)
                 return exitcodes.CONFIG_ERROR
     if a.ports:
-        code = _ports_free(a.host, a.ports, unit, a.foreign, a.timeout)
+        from ..act.portwait import wait_ports
+        code = wait_ports(a.host, a.ports, unit, a.foreign, a.timeout, _say)
         if code == exitcodes.BLOCKED:
             _refuse_without_restart(unit, settle)
         if code != exitcodes.CLEAN:
@@ -303,51 +303,6 @@ def _start_checks(a: argparse.Namespace, unit: str, claims: GpuClaims | None,
         except EnvFileError as e:
             _say(str(e), ERR)
             return exitcodes.CONFIG_ERROR
-    return exitcodes.CLEAN
-
-
-OUT_OF_SIGHT = ("a process out of sight (another network namespace, or a socket only bound, "
-                "which kernels before 6.11 do not name)")
-# How often a start that waits for a port says so again.
-PORT_REMINDER_S = 10.0
-
-
-def _holders_text(users: list[tuple[ProcInfo, str]] | None) -> str:
-    return "; ".join(f"{i.describe()} ({how})" for i, how in users) if users else OUT_OF_SIGHT
-
-
-def _ports_free(host: str, ports: list[int], unit: str, foreign: str, timeout: float) -> int:
-    """Every port the server binds, free within `timeout` (one deadline for
-    all).  A holder is named at once: one of this unit's own processes (a
-    leftover the reap ends) is waited for; any other is foreign, and
-    `[reap] foreign` says what to do: "fail" refuses the start at once
-    (exit 2); "wait" and "kill" wait, saying so every PORT_REMINDER_S, then
-    exit 3.  A port holder is never killed: anything on the model's GPUs was
-    reaped before, and what holds only a port may be any service of the host."""
-    from ..decide.identity import in_unit
-    from ..facts.ports import port_users, wait_port_free
-    started = time.monotonic()
-    deadline = started + timeout
-    for port in ports:
-        if wait_port_free(host, port, 0.0):
-            continue         # the common case: one look
-        users = port_users(port)
-        strangers = users is None or any(not in_unit(i.cgroup, unit) for i, _how in users)
-        if strangers and foreign == "fail":
-            _say(f"port {port} held by {_holders_text(users)}: not {unit}'s, and "
-                 '[reap] foreign = "fail": start refused', ERR)
-            return exitcodes.BLOCKED
-        _say(f"port {port} held by {_holders_text(users)}; waiting up to "
-             f"{max(0.0, deadline - time.monotonic()):g}s", WARNING if strangers else INFO)
-        while not wait_port_free(host, port, min(PORT_REMINDER_S,
-                                                 max(0.0, deadline - time.monotonic()))):
-            if time.monotonic() >= deadline:
-                _say(f"port {port} still in use after {timeout:g}s: "
-                     f"{_holders_text(port_users(port))}", ERR)
-                return exitcodes.TIMED_OUT
-            _say(f"port {port} still held by {_holders_text(port_users(port))}; waiting "
-                 f"({deadline - time.monotonic():.0f}s left)", WARNING)
-        _say(f"port {port} free after {(time.monotonic() - started) * 1000:.0f} ms")
     return exitcodes.CLEAN
 
 

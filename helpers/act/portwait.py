@@ -1,0 +1,57 @@
+"""The one wait for ports to be free, for pre-start (every port the server
+binds) and `infer-units wait-port`: a holder is named at once; one of the
+unit's own processes (a leftover the reap ends) is waited for; any other is
+foreign, and `[reap] foreign` says what to do: "fail" refuses at once
+(exit 2), "wait" and "kill" wait, saying so every REMINDER_S, then exit 3.
+A port holder is never killed: anything on the model's GPUs was reaped
+before, and what holds only a port may be any service of the host."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+from .. import exitcodes
+from ..decide.identity import in_unit
+from ..facts.ports import port_users, wait_port_free
+from ..facts.procinfo import ProcInfo
+
+ERR, WARNING, INFO = 3, 4, 6        # syslog priorities
+OUT_OF_SIGHT = ("a process out of sight (another network namespace, or a socket only bound, "
+                "which kernels before 6.11 do not name)")
+REMINDER_S = 10.0       # how often a wait says again that it still waits
+
+
+def holders_text(users: list[tuple[ProcInfo, str]] | None) -> str:
+    return "; ".join(f"{i.describe()} ({how})" for i, how in users) if users else OUT_OF_SIGHT
+
+
+def wait_ports(host: str, ports: list[int], unit: str | None, foreign: str, timeout: float,
+               say: Callable[[str, int], None]) -> int:
+    """Every port free within `timeout` (one deadline for all): an exit code
+    of helpers/exitcodes.py.  `unit`: whose processes are not foreign (None:
+    every holder is)."""
+    started = time.monotonic()
+    deadline = started + timeout
+    for port in ports:
+        if wait_port_free(host, port, 0.0):
+            continue         # the common case: one look
+        users = port_users(port)
+        strangers = users is None or unit is None or \
+            any(not in_unit(i.cgroup, unit) for i, _how in users)
+        if strangers and foreign == "fail":
+            say(f"port {port} held by {holders_text(users)}: not {unit}'s, and "
+                '[reap] foreign = "fail": start refused', ERR)
+            return exitcodes.BLOCKED
+        say(f"port {port} held by {holders_text(users)}; waiting up to "
+            f"{max(0.0, deadline - time.monotonic()):g}s", WARNING if strangers else INFO)
+        while not wait_port_free(host, port,
+                                 min(REMINDER_S, max(0.0, deadline - time.monotonic()))):
+            if time.monotonic() >= deadline:
+                say(f"port {port} still in use after {timeout:g}s: "
+                    f"{holders_text(port_users(port))}", ERR)
+                return exitcodes.TIMED_OUT
+            say(f"port {port} still held by {holders_text(port_users(port))}; waiting "
+                f"({deadline - time.monotonic():.0f}s left)", WARNING)
+        say(f"port {port} free after {(time.monotonic() - started) * 1000:.0f} ms", INFO)
+    return exitcodes.CLEAN

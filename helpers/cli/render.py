@@ -108,7 +108,7 @@ def check(names: tuple[str, ...], as_json: bool, verify: bool) -> None:
         rendered += units
         problems += _host_problems(model, gpus)
         warnings += _host_warnings(model)
-        # A file named by any error (a clash with another model included) is not ok.
+        # A file an error is reported for is not ok.
         if not any(model.name in _models_named(p) for p in problems):
             passed.append({"path": model.main_path, "unit": model.unit_name})
     for problem in problems:
@@ -170,8 +170,9 @@ def _host_warnings(model: Any) -> list[str]:
 
 
 def _models_named(problem: Any) -> set[str]:
-    """The models an error is about: its file's, and the other of a clash."""
-    return {n for n in (getattr(problem, "model", None), getattr(problem, "other", None),
+    """The models an error is reported for: its file's (a clash is reported
+    for the later file; the other one, named in it, stays ok)."""
+    return {n for n in (getattr(problem, "model", None),
                         file_model_name(str(getattr(problem, "path", "")))) if n}
 
 

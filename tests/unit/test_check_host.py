@@ -21,15 +21,17 @@ def etc(tmp_path: Path, **models: str) -> Path:
     return d
 
 
-def test_no_ok_for_a_file_named_by_an_error(tmp_path: Path) -> None:
-    """Two models on one port: both files are in the error, neither is ok."""
+def test_no_ok_for_a_file_an_error_is_reported_for(tmp_path: Path) -> None:
+    """Two models on one port: the error is b.toml's, so b is not ok (a,
+    named in it as the other, is)."""
     d = etc(tmp_path, a=MODEL.format(model="org/a", gpus=0, port=18700),
             b=MODEL.format(model="org/b", gpus=1, port=18700),
             c=MODEL.format(model="org/c", gpus=2, port=18701))
     done = run_cli("check", "--no-verify", env=base_env(INFER_UNITS_CONFIG_PATH=str(d)))
     assert done.returncode == 1, done
-    assert "18700" in done.stderr, done.stderr
-    assert "a.toml" not in done.stdout and "b.toml" not in done.stdout, done.stdout
+    assert f"error: {d}/b.toml: port: port 18700 also used by a" in done.stderr, done.stderr
+    assert "b.toml" not in done.stdout, done.stdout
+    assert f"ok: {d}/a.toml -> a.service" in done.stdout, done.stdout
     assert f"ok: {d}/c.toml -> c.service" in done.stdout, done.stdout
 
 

@@ -143,6 +143,13 @@ def pre_start(argv: list[str]) -> int:
     p.option("--accept-health", type=checked(argtypes.health_checks), default=(),
              metavar="CHECK,...", help="[health] accept: health checks whose errors do "
                                        "not refuse the start")
+    p.option("--restart-sec", type=_duration,
+             help="systemd < 254: RestartSec=, the crash-loop back-off's first wait")
+    p.option("--restart-steps", type=int, default=0,
+             help="systemd < 254: RestartSteps=; pre-start waits out the back-off beyond "
+                  "RestartSec= on an automatic restart (act/backoff.py)")
+    p.option("--restart-max-delay", type=_duration,
+             help="systemd < 254: RestartMaxDelaySec=, the back-off's ceiling")
     p.option("--root-dir", help=argparse.SUPPRESS)   # tests: a fake /proc, /sys, /dev
     a = p.read(argv)
     unit = unit_name(a.unit)
@@ -152,6 +159,12 @@ def pre_start(argv: list[str]) -> int:
         _say(fenced, ERR)
         _refuse_without_restart(unit)
         return exitcodes.BLOCKED
+    if a.restart_steps and a.restart_sec and a.restart_max_delay:
+        # Before anything is claimed: a crash loop waits holding nothing.
+        from ..act.backoff import wait_out
+        from ..facts.systemd import restarts_since_asked
+        wait_out(unit, a.restart_sec, a.restart_steps, a.restart_max_delay,
+                 _say, restarts_since_asked)
     started = time.monotonic()
     # StartLimitBurst= is for crash loops: a start someone asked for is not
     # counted.  Asked of systemd beside the checks, waited for before leaving.

@@ -9,13 +9,14 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from .. import __version__
-from .durations import format_seconds
+from .durations import format_seconds, parse_duration
 from .engines import ENGINE_SPECS
 from .liveness import (DEFAULT_INTERVAL_S, DROPIN, PROBE_MARGIN_S, TEMPLATE_PROBE_TIMEOUT_S,
                        accuracy, cap_marker, group_watch_name, probe_name, state_dir,
                        timer_name)
 from .model import Model
-from .settings import BUILTIN_IGNORE
+from .settings import BUILTIN_IGNORE, RESTART_DEFAULTS
+from .systemdversion import RESTART_STEPS_SINCE, systemd_version
 from .systemd_quote import (comment_text, environment_assignments, exec_line, exec_word,
                             exec_words, path_value, plain_value)
 
@@ -192,6 +193,10 @@ def _exec_start_pre(m: Model, selector: str | None, pci: bool, ignore: list[str]
     one, with neither gpus nor port too: the drain fence is its first check.
     (`selector`, `pci`, `ignore`: m.gpu_selector(), m.gpus_by_pci, _ignore_args(m).)"""
     argv = ["pre-start", "--unit", m.unit_name]
+    waited = _waited_by_pre_start(m)
+    if waited is not None:
+        argv += ["--restart-sec", format_seconds(waited.first), "--restart-steps",
+                 str(waited.steps), "--restart-max-delay", format_seconds(waited.ceiling)]
     p2p = m.nccl_p2p == "auto" and selector is not None
     if selector is not None:
         argv += ["--gpus", selector, "--foreign", m.reap_foreign,
@@ -236,6 +241,62 @@ def _exec_start_pre(m: Model, selector: str | None, pci: bool, ignore: list[str]
     return "ExecStartPre=+" + _hook(*argv)
 
 
+@dataclass(frozen=True)
+class Backoff:
+    """The crash-loop back-off in effect: systemd's RestartSec=, RestartSteps=
+    and RestartMaxDelaySec= (the template's, or the model's [service])."""
+    first: float
+    steps: int
+    ceiling: float
+
+    @property
+    def extra(self) -> float:
+        """The longest wait beyond RestartSec= (what pre-start waits out
+        itself where systemd cannot)."""
+        return max(0.0, self.ceiling - self.first) if self.steps else 0.0
+
+
+def _backoff(m: Model) -> Backoff | None:
+    """The model's back-off; None when [service] turns it off or sets it in a
+    form this code does not read (then systemd's own reading stands)."""
+    chosen = {key: (m.service_directives.get(key) or [default])[-1]
+              for key, default in RESTART_DEFAULTS.items()}
+    try:
+        first = parse_duration(chosen["RestartSec"])
+        ceiling = parse_duration(chosen["RestartMaxDelaySec"])
+        steps = int(chosen["RestartSteps"])
+    except ValueError:
+        return None
+    if steps <= 0 or first <= 0 or ceiling <= first:
+        return None
+    return Backoff(first, steps, ceiling)
+
+
+def _restart_lines(m: Model) -> str:
+    """RestartSec= and, on systemd >= 254, the back-off's RestartSteps= and
+    RestartMaxDelaySec= (the model's [service] lines come after, and win)."""
+    names = ("RestartSec", "RestartSteps", "RestartMaxDelaySec") \
+        if systemd_version() >= RESTART_STEPS_SINCE else ("RestartSec",)
+    return "\n".join(f"{name}={RESTART_DEFAULTS[name]}" for name in names)
+
+
+def _service_directives(m: Model) -> dict[str, list[str]]:
+    """[service] as written, less the back-off directives systemd < 254 does
+    not know: pre-start does what they say there (_waited_by_pre_start)."""
+    if systemd_version() >= RESTART_STEPS_SINCE:
+        return m.service_directives
+    return {name: value for name, value in m.service_directives.items()
+            if name not in ("RestartSteps", "RestartMaxDelaySec")}
+
+
+def _waited_by_pre_start(m: Model) -> Backoff | None:
+    """The back-off pre-start waits out itself: on systemd < 254, which knows
+    only RestartSec=."""
+    if systemd_version() >= RESTART_STEPS_SINCE:
+        return None
+    return _backoff(m)
+
+
 def _timeout_start(m: Model, url: str | None) -> str:
     """`url`: health_url(m)."""
     if m.is_worker:
@@ -243,6 +304,9 @@ def _timeout_start(m: Model, url: str | None) -> str:
         # every other step themselves).
         return "infinity"
     total = m.reap_term_grace + 2 * m.reap_timeout + START_MARGIN_S   # reap, then port
+    waited = _waited_by_pre_start(m)
+    if waited is not None:
+        total += waited.extra
     if url is not None:
         total += m.ready_timeout + m.ready_probe_timeout
     if m.nccl_p2p == "auto":
@@ -388,8 +452,9 @@ def render(m: Model) -> RenderedUnit:
         "exec_stop_post": stop_post,
         "timeout_start": _timeout_start(m, url),
         "kill_signal": _kill_signal(m),
+        "restart": _restart_lines(m),
         "timeout_stop": format_seconds(m.stop_timeout + STOP_MARGIN_S),
-        "service_directives": "\n".join(_directives(m.service_directives)),
+        "service_directives": "\n".join(_directives(_service_directives(m))),
     }
     text = fill("service", values)
     links = tuple(f"{target}{_INSTALL_DIRS[key]}"

@@ -374,7 +374,7 @@ _INSTALL_ONLY = frozenset({"Alias", "WantedBy", "RequiredBy", "UpheldBy", "Also"
 _SERVICE_ONLY = frozenset({
     "Type", "ExitType", "RemainAfterExit", "GuessMainPID", "PIDFile", "BusName", "ExecStart",
     "ExecStartPre", "ExecStartPost", "ExecCondition", "ExecReload", "ExecStop",
-    "ExecStopPost", "RestartSec", "TimeoutStartSec", "TimeoutStopSec", "TimeoutAbortSec",
+    "ExecStopPost", "RestartSec", "RestartSteps", "RestartMaxDelaySec", "TimeoutStartSec", "TimeoutStopSec", "TimeoutAbortSec",
     "TimeoutSec", "RuntimeMaxSec", "WatchdogSec", "Restart", "RestartForceExitStatus",
     "SuccessExitStatus", "RestartPreventExitStatus", "KillMode", "KillSignal", "User",
     "Group", "Environment", "EnvironmentFile", "PassEnvironment", "UnsetEnvironment",
@@ -593,6 +593,13 @@ def default(key: str) -> Any:
     """The default of a dotted key ("reap.term-grace"): the hooks' and the CLI's
     options take theirs from here, so each default is declared once."""
     return BY_KEY[key].default
+
+
+# The [service] directives of the crash-loop back-off, each overridable from
+# [service]: 5 s before the first automatic restart, then about twice as long
+# each time, up to 5 minutes (docs/engines.md, "Restarts").  systemd < 254
+# knows only RestartSec=: there pre-start waits out the rest.
+RESTART_DEFAULTS = {"RestartSec": "5s", "RestartSteps": "6", "RestartMaxDelaySec": "5min"}
 
 
 # Tables whose own keys are fixed (others are free-form: env, unit, service, install).

@@ -25,6 +25,9 @@ Assertions (apply to the unit of the file they stand in):
                                            (the liveness timer, probe, drop-in)
   assert-other-exec FILE DIRECTIVE N WORD...
   assert-no-file FILE                      nothing generated under that name
+
+`## systemd N`: the systemd version the generator sees (default 257, see
+SYSTEMD_VERSION), whatever this host runs.
 """
 
 from __future__ import annotations
@@ -69,6 +72,8 @@ def assertions(case_dir: Path) -> list[tuple[str | None, list[str], Path]]:
                 # JSON for strings shell quoting cannot carry (tabs, newlines)
                 _, what, data = line[3:].split(" ", 2)
                 found.append((unit_of(path), ["assert-json", what, json.loads(data)], path))
+            elif line.startswith("## systemd "):
+                continue          # the version the generator sees (systemctl_stub)
             elif line.startswith("## assert-"):
                 found.append((unit_of(path), shlex.split(line[3:]), path))
     return found
@@ -112,11 +117,31 @@ def check_golden(case: str, out: Path, root: Path) -> None:
                                  "(INFER_UNITS_UPDATE_GOLDEN=1 to accept)"
 
 
+# The systemd version the generator sees (`systemctl --version`): a case's
+# `## systemd N` line, else this one, whatever this host runs.
+SYSTEMD_VERSION = "257"
+
+
+def systemctl_stub(root: Path, tmp: Path) -> str:
+    """A PATH whose `systemctl --version` says the case's systemd version."""
+    version = SYSTEMD_VERSION
+    for path in sorted(root.rglob("*")):
+        if path.is_file() and not path.is_symlink():
+            for line in path.read_text(encoding="utf-8").splitlines():
+                if line.startswith("## systemd "):
+                    version = line.split()[2]
+    stub = tmp / "bin"
+    stub.mkdir()
+    (stub / "systemctl").write_text(f"#!/bin/sh\necho 'systemd {version} (test)'\n")
+    (stub / "systemctl").chmod(0o755)
+    return f"{stub}:{os.environ.get('PATH', '/usr/bin:/bin')}"
+
+
 @pytest.mark.parametrize("case", case_names())
 def test_case(case: str, tmp_path: Path) -> None:
     root, dirs = prepare(case, tmp_path)
     out = tmp_path / "out"
-    done = run_generator(out, ":".join(dirs))
+    done = run_generator(out, ":".join(dirs), PATH=systemctl_stub(root, tmp_path))
     assert done.returncode == 0, done.stderr
     log = done.stderr.splitlines()
     checks = assertions(root)
@@ -231,7 +256,8 @@ def test_templates_are_rendered_strictly() -> None:
              "user": "", "name": "a", "run_dir": "/run/x", "environment": "",
              "exec_start_pre": "ExecStartPre=+/bin/true", "exec_start": "/bin/serve",
              "exec_start_post": "", "exec_stop_post": "", "kill_signal": "SIGTERM",
-             "timeout_start": "1min", "timeout_stop": "45s", "service_directives": ""}
+             "timeout_start": "1min", "timeout_stop": "45s", "service_directives": "",
+             "restart": "RestartSec=5s"}
     text = render.fill("service", names)
     assert "Description=d %%n\n" in text and "SourcePath=/etc/a%%.toml\n" in text
     assert "\n\n\n" not in text and "User=" not in text and "ExecStopPost" not in text

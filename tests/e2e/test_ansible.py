@@ -11,13 +11,15 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
 
 from .container import Container, suites
-from .e2e_support import FAKE_TABLE, install_fake_gpus, install_fakes, model_toml, show
+from .e2e_support import (FAKE_TABLE, install_fake_gpus, install_fakes, model_toml, show,
+                          wait_until)
 
 pytestmark = pytest.mark.e2e
 ROOT = Path(__file__).resolve().parents[2]
@@ -48,7 +50,7 @@ def host(request: pytest.FixtureRequest, deb: Path):
 
 
 def play(box: Container, tmp: Path, models: list[dict], state: str = "serving",
-         deb: Path | None = None) -> tuple[int, str, int]:
+         deb: Path | None = None, deb_url: str = "") -> tuple[int, str, int]:
     """Run the role on the container: exit status, output, and the recap's changed count."""
     (tmp / "inventory").write_text(f"box ansible_host={box.leader} ansible_connection=nsenter "
                                    "ansible_python_interpreter=/usr/bin/python3\n")
@@ -59,7 +61,7 @@ def play(box: Container, tmp: Path, models: list[dict], state: str = "serving",
         "roles": ["infer_units"]}]))
     (tmp / "vars.json").write_text(json.dumps({
         "infer_units_models": models, "infer_units_state": state,
-        "infer_units_deb": str(deb) if deb else ""}))
+        "infer_units_deb": str(deb) if deb else "", "infer_units_deb_url": deb_url}))
     env = dict(os.environ, ANSIBLE_ROLES_PATH=str(ROOT / "contrib/ansible/roles"),
                ANSIBLE_CONNECTION_PLUGINS=str(Path(__file__).parent / "ansible_plugins/connection"),
                ANSIBLE_HOME=str(tmp / "home"), ANSIBLE_LOCAL_TEMP=str(tmp / "home/tmp"),
@@ -145,3 +147,27 @@ def test_role_drains_and_resumes_the_host(host: Container, tmp_path: Path) -> No
     assert host.sh(f"test -e {FENCE}", check=False).returncode == 1
     code, out, changed = play(host, tmp_path, models())
     assert code == 0 and changed == 0, out
+
+
+def test_role_installs_from_a_url(host: Container, deb: Path, tmp_path: Path) -> None:
+    """The package from a URL the host fetches (here a server on the
+    container's loopback); once installed, a second run changes nothing; a
+    URL that answers 404 fails the run."""
+    shutil.copy(deb, host.path("/srv") / deb.name)
+    host.sh("systemd-run --unit=deb-http python3 -m http.server 18399 --bind 127.0.0.1 "
+            "--directory /srv")
+    try:
+        assert wait_until(lambda: host.sh("python3 -c 'import urllib.request; urllib.request."
+                                          "urlopen(\"http://127.0.0.1:18399/\")'",
+                                          check=False).returncode == 0, timeout=30)
+        url = f"http://127.0.0.1:18399/{deb.name}"
+        code, out, _ = play(host, tmp_path, models(), deb_url=url)
+        assert code == 0, out
+        assert "install ok installed" in host.sh("dpkg-query -W -f='${Status}' infer-units").stdout
+        code, out, changed = play(host, tmp_path, models(), deb_url=url)
+        assert code == 0 and changed == 0, out
+        code, out, _ = play(host, tmp_path, models(),
+                            deb_url="http://127.0.0.1:18399/no-such.deb")
+        assert code != 0 and "Install the package" in out, out
+    finally:
+        host.sh("systemctl stop deb-http.service; rm -f /srv/*.deb", check=False)

@@ -180,6 +180,11 @@ def run_probe(cfg: Config, systemd: Any, directory: str | None = None,
     if action == OK and before[0]:
         _say(NOTICE, f"{cfg.unit}: health probe passed again after {before[0]} failed "
              f"({answer.text} in {answer.seconds:.1f}s)")
+    if action == OK:
+        forgot = systemd.forget_restarts(cfg.unit)
+        if forgot:
+            _say(NOTICE, f"{cfg.unit} is healthy after {forgot} automatic restart"
+                 f"{'s' if forgot != 1 else ''}: the crash-loop back-off starts over")
     if action == COUNT:
         _say(NOTICE, f"{cfg.unit}: health probe {state['consecutive_failures']}/"
              f"{cfg.failures} failed: {answer.text}")

@@ -389,6 +389,21 @@ class Liveness:
             say(5, f"cannot ask systemd about {unit}: {e}", ident="")
             return None
 
+    def forget_restarts(self, unit: str) -> int:
+        """Called when the server answers its probe: systemd's count of
+        automatic restarts (NRestarts) back to 0, so that the crash-loop
+        back-off (RestartSteps=, or pre-start's on systemd < 254) starts again
+        from RestartSec= at the next crash.  ResetFailedUnit on a running
+        unit touches nothing else.  Returns how many restarts it forgot (0:
+        none, or systemd could not say)."""
+        try:
+            n = restarts_since_asked(unit)
+            if n:
+                reset_failed(unit)
+            return n
+        except SystemdUnavailable:
+            return 0
+
     def _queue(self, method: str, unit: str) -> str | None:
         """None when queued, else why not.  Mode "fail": never replaces a job
         an operator queued (a pending stop stays a stop)."""

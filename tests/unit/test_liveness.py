@@ -221,11 +221,17 @@ def test_max_restarts_zero_stops_at_the_first_hang() -> None:
 class RecordingSystemd:
     """Stands in for D-Bus: the model's state and the jobs queued."""
 
-    def __init__(self, model: lv.ModelState | None = UP, refuse: str | None = None) -> None:
+    def __init__(self, model: lv.ModelState | None = UP, refuse: str | None = None,
+                 restarts: int = 0) -> None:
         self.model = model
         self.refuse = refuse
         self.jobs: list[tuple[str, str]] = []
         self.asked = 0
+        self.restarts = restarts
+
+    def forget_restarts(self, unit: str) -> int:
+        forgot, self.restarts = self.restarts, 0
+        return forgot
 
     def model_state(self, unit: str) -> lv.ModelState | None:
         self.asked += 1
@@ -270,12 +276,24 @@ def cfg_for(url: str, **kw: object) -> lv.Config:
 
 
 def test_healthy_probe_asks_systemd_nothing(health: Health, tmp_path: Path, journal) -> None:
+    """... but its restart count (RecordingSystemd.forget_restarts)."""
     systemd = RecordingSystemd()
     assert lv.run_probe(cfg_for(health.url), systemd, str(tmp_path)) == lv.OK
     assert systemd.asked == 0 and systemd.jobs == []
     state = json.loads((tmp_path / "m.liveness.json").read_text())
     assert state["last_probe"]["ok"] and state["consecutive_failures"] == 0
     assert journal() == []
+
+
+def test_healthy_after_a_crash_loop_starts_the_backoff_over(
+        health: Health, tmp_path: Path, journal, capsys: pytest.CaptureFixture[str]) -> None:
+    systemd = RecordingSystemd(restarts=3)
+    assert lv.run_probe(cfg_for(health.url), systemd, str(tmp_path)) == lv.OK
+    assert systemd.restarts == 0 and systemd.jobs == []
+    assert "<5>m.service is healthy after 3 automatic restarts: the crash-loop back-off " \
+           "starts over" in capsys.readouterr().out
+    assert lv.run_probe(cfg_for(health.url), systemd, str(tmp_path)) == lv.OK
+    assert "back-off" not in capsys.readouterr().out
 
 
 def test_hang_restart_then_cap(health: Health, tmp_path: Path, journal,

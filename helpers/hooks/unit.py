@@ -194,7 +194,15 @@ def _pre_start(a: argparse.Namespace, unit: str, started: float,
             _say(str(e), ERR)
             return exitcodes.CONFIG_ERROR
     if a.gpus is not None:       # --gpus "" is a usage error, not "nothing to do"
-        b, gpus = _gpus_or_exit(a.gpus)
+        from ..facts.gpumemory import chosen
+        from ..facts.gpus import GpuError
+        try:
+            b, gpus = chosen(a.gpus)
+        except GpuError as e:
+            # No driver, or GPUs this host does not have: no retry helps.
+            _say(str(e), ERR)
+            _refuse_without_restart(unit, settle)
+            return exitcodes.CONFIG_ERROR
         if not _healthy_enough(b, gpus, unit, a.accept_health, a.root_dir):
             _refuse_without_restart(unit, settle)
             return exitcodes.BLOCKED

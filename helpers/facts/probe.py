@@ -18,7 +18,6 @@ CPU (docs/performance.md)."""
 from __future__ import annotations
 
 import socket
-import ssl
 import threading
 import time
 from collections.abc import Callable
@@ -102,12 +101,10 @@ class Session:
         except (_Refused, ValueError) as e:
             self.close()
             return answer(False, str(e))
-        except ssl.SSLError as e:
+        except OSError as e:     # ssl.SSLError included
             self.close()
-            return answer(False, f"TLS: {e.reason or e}")
-        except OSError as e:
-            self.close()
-            return answer(False, e.strerror or str(e))
+            reason = getattr(e, "reason", None)     # an ssl.SSLError's
+            return answer(False, f"TLS: {reason}" if reason else e.strerror or str(e))
 
     def _kept_exchange(self, url: Url, left: Left) -> tuple[int, bytes]:
         """The first request on the kept connection (opened when missing, or
@@ -245,6 +242,7 @@ def _connect(url: Url, left: Left) -> socket.socket:
             sock.settimeout(left())
             sock.connect(address)
             if url.scheme == "https":
+                import ssl      # here: a plain-http waiter never loads OpenSSL
                 context = ssl.create_default_context()
                 sock.settimeout(left())     # the handshake, all of it, within this
                 return context.wrap_socket(sock, server_hostname=url.host)

@@ -183,8 +183,9 @@ def run_probe(cfg: Config, systemd: Any, directory: str | None = None,
     if action == OK:
         forgot = systemd.forget_restarts(cfg.unit)
         if forgot:
-            _say(NOTICE, f"{cfg.unit} is healthy after {forgot} automatic restart"
-                 f"{'s' if forgot != 1 else ''}: the crash-loop back-off starts over")
+            journal_line(f"liveness: {cfg.unit} is healthy after {forgot} automatic restart"
+                         f"{'s' if forgot != 1 else ''}: the crash-loop back-off starts over",
+                         NOTICE, cfg.unit)
     if action == COUNT:
         _say(NOTICE, f"{cfg.unit}: health probe {state['consecutive_failures']}/"
              f"{cfg.failures} failed: {answer.text}")

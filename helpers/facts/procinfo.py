@@ -7,6 +7,8 @@ import os
 import pwd
 from dataclasses import dataclass
 
+import psutil
+
 # Command lines go into one journal line each: control characters escaped, as
 # the generator escapes paths and values in its messages.
 from ...generator.errors import one_line
@@ -123,15 +125,26 @@ def root_exe_name(pid: int) -> str | None:
     return os.path.basename(path)
 
 
-def _user(pid: int) -> str:
+def _uids(pid: int) -> tuple[int, int] | None:
+    """(real, effective) uid, from the kernel's account of the process
+    (/proc/PID/status, through psutil).  Not the owner of /proc/PID: that
+    is root for a process that made itself non-dumpable (prctl), whoever
+    runs it."""
     try:
-        uid = os.stat(f"/proc/{pid}").st_uid
-    except OSError:
+        uids = psutil.Process(pid).uids()
+    except psutil.Error:
+        return None
+    return uids.real, uids.effective
+
+
+def _user(pid: int) -> str:
+    uids = _uids(pid)
+    if uids is None:
         return "?"
     try:
-        return pwd.getpwuid(uid).pw_name
+        return pwd.getpwuid(uids[0]).pw_name
     except KeyError:
-        return str(uid)
+        return str(uids[0])
 
 
 def read_proc(pid: int) -> ProcInfo | None:
@@ -194,10 +207,10 @@ SYS_UID_MAX = 999
 
 
 def _uid(pid: int) -> int | None:
-    try:
-        return os.stat(f"/proc/{pid}").st_uid
-    except OSError:
-        return None
+    """The one uid a process runs as, None when its real and effective uids
+    differ (a set-uid program: not a daemon's own account) or it is gone."""
+    uids = _uids(pid)
+    return uids[0] if uids is not None and uids[0] == uids[1] else None
 
 
 def matches_name(info: ProcInfo, names: tuple[str, ...] | list[str]) -> bool:

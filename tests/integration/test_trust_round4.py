@@ -407,3 +407,29 @@ def test_a_connection_that_is_not_a_rank_restarts_nothing_and_restarts_count(
             if p is not None:
                 p.kill()
                 p.wait()
+
+
+
+RSS_OF_CHILD = r"""
+import resource, subprocess, sys
+done = subprocess.run(sys.argv[1:], capture_output=True)
+print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss // 1024)
+"""
+
+
+def test_doctor_keeps_a_bounded_piece_of_what_a_users_python_prints(attacker, public: Path,
+                                                                   tmp_path: Path) -> None:
+    """doctor ran the model's user-owned python and kept all it printed:
+    768 MiB of it raised root's RSS from 16 to 2,321 MiB."""
+    from tests.support import PYTHON, FakeGpus
+    script = _flooding_python(public, attacker, 300 << 20, "echo '{}'")
+    conf = tmp_path / "conf"
+    conf.mkdir()
+    (conf / "eng.toml").write_text(f'engine = "vllm"\nmodel = "/models/x"\ngpus = [0]\n'
+                                   f'port = 18991\npython = "{script}"\nuser = "{attacker.pw_name}"\n')
+    gpus = FakeGpus(tmp_path / "gpus", count=1)
+    env = gpus.env(INFER_UNITS_CONFIG_PATH=str(conf))
+    done = subprocess.run([PYTHON, "-c", RSS_OF_CHILD, PYTHON, "-m", "infer_units", "doctor",
+                           "eng", "--json"], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert int(done.stdout.split()[-1]) < 150, f"doctor's peak RSS {done.stdout.split()[-1]} MiB"

@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import pwd
 import shutil
+import signal
 import subprocess
 import tempfile
 from collections.abc import Iterator
@@ -19,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from .support import ATTACKER, FakeGpus, Holder
+from .support import ATTACKER, FakeGpus, Holder, wait_until
 
 TESTS = Path(__file__).resolve().parent
 TIERS = ("unit", "integration", "e2e", "gpu")
@@ -106,10 +107,36 @@ def attacker() -> Iterator[pwd.struct_passwd]:
     share one and none is left in /etc/passwd."""
     subprocess.run(["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin",
                     ATTACKER], check=True)
+    account = pwd.getpwnam(ATTACKER)
     try:
-        yield pwd.getpwnam(ATTACKER)
+        yield account
     finally:
+        # A process a test left running as the attacker would keep the
+        # account (userdel refuses): it is ended, and the leak reported.
+        left = processes_of(account.pw_uid)
+        for pid, cmdline in left.items():
+            os.kill(pid, signal.SIGKILL)
+            print(f"killed pid {pid} ({cmdline}): left running by a test as {ATTACKER}")
+        assert wait_until(lambda: not processes_of(account.pw_uid), 10)
         subprocess.run(["userdel", ATTACKER], check=True)
+        assert not left, f"tests left processes running as {ATTACKER}: {left}"
+
+
+def processes_of(uid: int) -> dict[int, str]:
+    """pid -> command line of every process whose real uid is `uid`."""
+    found = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/status") as f:
+                real = next(line.split()[1] for line in f if line.startswith("Uid:"))
+            if int(real) == uid:
+                with open(f"/proc/{entry}/cmdline", "rb") as f:
+                    found[int(entry)] = f.read().replace(b"\0", b" ").decode(errors="replace").strip()
+        except (OSError, StopIteration):
+            continue          # gone meanwhile
+    return found
 
 
 @pytest.fixture

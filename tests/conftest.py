@@ -15,7 +15,7 @@ import shutil
 import signal
 import subprocess
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -27,7 +27,9 @@ TIERS = ("unit", "integration", "e2e", "gpu")
 SESSION_TMP = pytest.StashKey[Path]()
 
 
-@pytest.hookimpl(tryfirst=True)
+# tryfirst: before pytest's tmpdir plugin reads --basetemp (Debian's pluggy
+# has no type information for its decorator).
+@pytest.hookimpl(tryfirst=True)  # type: ignore[untyped-decorator]
 def pytest_configure(config: pytest.Config) -> None:
     """One temporary directory for everything the session writes: pytest's
     tmp_path, tempfile in the tests and in the programs they start (TMPDIR),
@@ -85,7 +87,7 @@ def fake_gpus(tmp_path: Path) -> FakeGpus:
 
 
 @pytest.fixture
-def holders():
+def holders() -> Iterator[Callable[..., Holder]]:
     started: list[Holder] = []
 
     def start(devices: list[Path], mode: str = "plain", argv0: str | None = None,
@@ -124,7 +126,7 @@ def attacker() -> Iterator[pwd.struct_passwd]:
 
 def processes_of(uid: int) -> dict[int, str]:
     """pid -> command line of every process whose real uid is `uid`."""
-    found = {}
+    found: dict[int, str] = {}
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue

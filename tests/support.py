@@ -12,6 +12,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -174,7 +175,7 @@ class Holder:
             self.proc.wait()
 
 
-def wait_until(predicate, timeout: float = 10.0, step: float = 0.02,
+def wait_until(predicate: Callable[[], object], timeout: float = 10.0, step: float = 0.02,
                max_step: float = 0.2) -> bool:
     """The tests' one wait: poll `predicate` until it holds or `timeout`
     passes; its last answer.  Polls every `step` at first, backing off to

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -39,7 +40,7 @@ def deb() -> Path:
 
 
 @pytest.fixture(scope="session", params=suites())
-def box(request: pytest.FixtureRequest, deb: Path):
+def box(request: pytest.FixtureRequest, deb: Path) -> Iterator[Container]:
     c = Container(request.param)
     try:
         c.boot()

@@ -109,7 +109,7 @@ def test_systemd_analyze_verify(case: str, tmp_path: Path, verify_root: Path) ->
 
 
 def test_hostile_but_accepted_corpus_passes_verify(tmp_path: Path, verify_root: Path) -> None:
-    """What is escaped rather than refused (tests/test_hostile_inputs.py's
+    """What is escaped rather than refused (tests/integration/test_hostile_inputs.py's
     ACCEPTED: newlines in drop-in names and argv, control characters in env
     values, microsecond and ten-year durations, ...) under a config directory
     whose path holds '%' and a space (SourcePath= expands specifiers)."""

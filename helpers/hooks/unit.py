@@ -49,7 +49,9 @@ def _explained(main: Callable[[list[str]], int]) -> Callable[[list[str]], int]:
     def run(argv: list[str]) -> int:
         _Last.error = ""
         code = main(argv)
-        meaning = exitcodes.explained(code)
+        # Only where systemd's name misleads: 1 shows as FAILURE, which it is.
+        meaning = exitcodes.explained(code) if code in (exitcodes.BLOCKED,
+                                                        exitcodes.TIMED_OUT) else ""
         if meaning:
             _say(f"{meaning}: {_Last.error}" if _Last.error else meaning, ERR)
         return code
@@ -82,8 +84,7 @@ def _refuse_without_restart(unit: str | None,
     inherit that and outlive the stop's SIGTERM."""
     from ..facts.procinfo import read_cgroup, unit_of_cgroup
     if not unit or unit_of_cgroup(read_cgroup(os.getpid())) != unit:
-        _say(f"not in {unit}'s cgroup ({read_cgroup(os.getpid())}): no start job to cancel")
-        return      # run by hand, not as the unit's ExecStartPre
+        return      # run by hand, not as the unit's ExecStartPre: no start job to cancel
     if settle is not None:
         try:
             settle()

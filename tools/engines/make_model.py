@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
+from typing import Any
 
 import torch
 from tokenizers import Tokenizer, decoders, models, normalizers, processors, trainers
@@ -33,7 +34,7 @@ CORPUS = [
 ] * 20
 
 
-def tokenizer_json() -> dict:
+def tokenizer_json() -> dict[str, Any]:
     tok = Tokenizer(models.BPE(unk_token="<unk>", byte_fallback=True, fuse_unk=True))
     tok.normalizer = normalizers.Sequence([normalizers.Prepend("\u2581"),
                                            normalizers.Replace(" ", "\u2581")])
@@ -43,7 +44,7 @@ def tokenizer_json() -> dict:
                                                         show_progress=False))
     tok.post_processor = processors.TemplateProcessing(
         single="<s> $A", pair="<s> $A <s> $B", special_tokens=[("<s>", 1)])
-    data = json.loads(tok.to_str())
+    data: dict[str, Any] = json.loads(tok.to_str())
     # Byte tokens right after the specials, as in Llama-2's vocabulary.
     learnt = sorted(data["model"]["vocab"].items(), key=lambda kv: kv[1])
     vocab = {t: i for i, t in enumerate(SPECIALS)}

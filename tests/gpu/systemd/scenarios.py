@@ -27,6 +27,7 @@ import traceback
 import urllib.error
 import urllib.request
 from collections.abc import Callable
+from typing import Any, TypeVar
 
 OUT, HS = sys.argv[1], sys.argv[2]
 FAKE = os.environ.get("IU_FAKE_GPUS") == "1"
@@ -49,7 +50,7 @@ GPUS = B.gpus()
 # that need two (disjoint models, P2P) say they were skipped, and why.
 TP = [g.index for g in GPUS][:2]
 PAIR = ("left", "right") if len(GPUS) >= 2 else ("left",)
-RESULTS: dict = {"started_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+RESULTS: dict[str, Any] = {"started_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                  "fake_gpus": FAKE, "backend": B.name,
                  "gpus": [{"index": g.index, "uuid": g.uuid, "pci": g.pci,
                            "memory_total_mib": g.memory_total_mib} for g in GPUS],
@@ -75,7 +76,7 @@ def mem() -> dict[int, int]:
     return {i: used for i, (used, _reserved) in B.memory(GPUS).items()}
 
 
-def holders() -> dict[int, dict]:
+def holders() -> dict[int, dict[str, Any]]:
     return {pid: {"gpus": sorted(u.gpus), "mib": {str(k): v for k, v in u.memory_mib.items()}}
             for pid, u in B.users(GPUS).items()}
 
@@ -83,7 +84,7 @@ def holders() -> dict[int, dict]:
 class Scenario:
     def __init__(self, name: str) -> None:
         self.name = name
-        self.data: dict = {"ok": False, "commands": []}
+        self.data: dict[str, Any] = {"ok": False, "commands": []}
         RESULTS["scenarios"][name] = self.data
         self.since = time.time()
 
@@ -166,12 +167,13 @@ def model_toml(port: int, gpus: list[int], gib: float, reap: str = "", extra: st
         "[service]", 'RestartSec = "2s"', ""])
 
 
-def health(port: int, timeout: float = 180) -> dict:
+def health(port: int, timeout: float = 180) -> dict[str, Any]:
     deadline = time.monotonic() + timeout
     while True:
         try:
             with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as r:
-                return json.load(r)
+                answer: dict[str, Any] = json.load(r)
+                return answer
         except OSError:
             if time.monotonic() > deadline:
                 raise
@@ -269,7 +271,7 @@ class ExitWatch:
             os.close(fd)
 
 
-def gpu_pids(h: dict[int, dict], index: int) -> list[int]:
+def gpu_pids(h: dict[int, dict[str, Any]], index: int) -> list[int]:
     return sorted(p for p, v in h.items() if index in v["gpus"])
 
 
@@ -287,7 +289,7 @@ def s1_lifecycle(sc: Scenario) -> None:
     rc, s, _, _ = sc.sh("systemctl start tp")
     d["start"] = {"rc": rc, "seconds": round(s, 3), "memory_mib": mem()}
     h = holders()
-    first = {"main": int(show("tp", "MainPID")), "gpu_pids": {i: gpu_pids(h, i) for i in TP},
+    first: dict[str, Any] = {"main": int(show("tp", "MainPID")), "gpu_pids": {i: gpu_pids(h, i) for i in TP},
              "holders": h}
     d["start"]["pids"] = first
     d["start"]["device_fds"] = {p: device_fds(p) for p in sorted(h)}
@@ -295,7 +297,7 @@ def s1_lifecycle(sc: Scenario) -> None:
     with Sampler() as smp:
         rc2, s2, _, _ = sc.sh("systemctl restart tp")
     h2 = holders()
-    second = {"main": int(show("tp", "MainPID")), "gpu_pids": {i: gpu_pids(h2, i) for i in TP},
+    second: dict[str, Any] = {"main": int(show("tp", "MainPID")), "gpu_pids": {i: gpu_pids(h2, i) for i in TP},
               "holders": h2}
     old = {p for i in TP for p in first["gpu_pids"][i]}
     new = {p for i in TP for p in second["gpu_pids"][i]}
@@ -332,7 +334,8 @@ def s1_lifecycle(sc: Scenario) -> None:
                     f"stop ({1 + STOP_REPEATS} stops): {deltas} ms")
 
 
-def measured_stop(sc: Scenario, unit: str, idle: dict[int, int], running: dict) -> dict:
+def measured_stop(sc: Scenario, unit: str, idle: dict[int, int],
+                  running: dict[str, Any]) -> dict[str, Any]:
     """`systemctl stop` with every process's exit (pidfd) and the memory (NVML,
     every ~2 ms) timed from the moment the stop was asked for."""
     new = {p for i in TP for p in running["gpu_pids"][i]}
@@ -396,8 +399,11 @@ def s2_orphan(sc: Scenario) -> None:
                     f"start in {s:.2f}s; {len(killed)} SIGKILL line(s) in the journal")
 
 
-def _needs_two(fn):  # type: ignore[no-untyped-def]
-    fn.needs_gpus = 2
+Fn = TypeVar("Fn", bound=Callable[..., Any])
+
+
+def _needs_two(fn: Fn) -> Fn:
+    setattr(fn, "needs_gpus", 2)
     return fn
 
 
@@ -413,12 +419,12 @@ def _ppid(pid: int) -> int | None:
 def s3_disjoint(sc: Scenario) -> None:
     d = sc.data
     rc, s = _two_models(sc)
-    before = {"right_unit_pids": unit_pids("right"), "right_main": show("right", "MainPID"),
+    before: dict[str, Any] = {"right_unit_pids": unit_pids("right"), "right_main": show("right", "MainPID"),
               "right_gpu1": gpu_pids(holders(), 1), "memory_mib": mem(),
               "left_gpu0": gpu_pids(holders(), 0)}
     with Sampler() as smp:
         rc2, s2, _, _ = sc.sh("systemctl restart left")
-    after = {"right_unit_pids": unit_pids("right"), "right_main": show("right", "MainPID"),
+    after: dict[str, Any] = {"right_unit_pids": unit_pids("right"), "right_main": show("right", "MainPID"),
              "right_gpu1": gpu_pids(holders(), 1), "memory_mib": mem(),
              "left_gpu0": gpu_pids(holders(), 0)}
     lo, hi = smp.span(1)
@@ -576,15 +582,17 @@ def _fd_holders_count() -> int:
 
 
 def _nvml_off() -> None:
-    if B.name == "nvml":
+    if isinstance(B, gpus_mod.NvmlBackend):
         B.nvml.nvmlShutdown()
 
 
 def _nvml_on() -> None:
-    if B.name == "nvml":
+    """NVML again, in the same backend object (every scenario holds it)."""
+    if isinstance(B, gpus_mod.NvmlBackend):
         n = B.nvml
         n.nvmlInit()
-        B.__init__(n, [n.nvmlDeviceGetHandleByIndex(i) for i in range(n.nvmlDeviceGetCount())])
+        gpus_mod.NvmlBackend.__init__(
+            B, n, [n.nvmlDeviceGetHandleByIndex(i) for i in range(n.nvmlDeviceGetCount())])
 
 
 def _fake_used(index: int, mib: int) -> None:
@@ -621,7 +629,7 @@ def s7_container(sc: Scenario) -> None:
         d["holders_json"] = json.loads(out_h)
     except ValueError:
         d["holders_json"] = out_h[-2000:]
-    runs = {}
+    runs: dict[str, dict[str, Any]] = {}
     for policy, expect in (("kill", 3), ("fail", 2)):
         name = f"guard{policy}"
         add_model(name, model_toml(8400 + expect, [0], 0.0 if FAKE else 2.0,
@@ -817,8 +825,8 @@ def main_pid(unit: str) -> int:
     return int(show(unit, "MainPID") or 0)
 
 
-def _needs_llama(fn):  # type: ignore[no-untyped-def]
-    fn.needs_llama = True
+def _needs_llama(fn: Fn) -> Fn:
+    setattr(fn, "needs_llama", True)
     return fn
 
 
@@ -942,7 +950,7 @@ def l4_llama_foreign(sc: Scenario) -> None:
     try:
         wait_state("stray", lambda: http_status(8599) == 200, 120)
         d["stray"] = {"pid": stray.pid, "holders": holders(), "memory_mib": mem()}
-        runs = {}
+        runs: dict[str, dict[str, Any]] = {}
         for policy in ("fail", "kill"):
             add_model("ll", llama_toml(reap=f'foreign = "{policy}"'))
             rc, s, _, _ = sc.sh("systemctl start ll")

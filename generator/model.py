@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import difflib
+from dataclasses import dataclass
 from typing import Any
 
 from .durations import MAX_SECONDS
@@ -18,10 +19,13 @@ from .settings import (BUILTIN_IGNORE, BY_KEY, DERIVED, FIXED_TABLES, SETTINGS, 
 Gpus = list[str | int] | str   # "all" or a list of selectors
 
 
+@dataclass(frozen=True, eq=False)
 class Model:
-    """One validated model; the attributes below are all it holds.  Those of
-    a setting (settings.SETTINGS, attr) are filled from the table by
-    build_model(); the others are derived there."""
+    """One validated model; the fields below are all it holds.  Those of a
+    setting (settings.SETTINGS, attr) are filled from the table by
+    build_model(); the others are derived there.  A setting whose attribute
+    is not declared here fails the first model (an unexpected argument), as
+    does a field no setting or derivation fills (a missing one)."""
 
     name: str                       # unit name without .service
     main_path: str
@@ -62,16 +66,6 @@ class Model:
     install_directives: dict[str, list[str]]
     liveness: Liveness | None       # [liveness]; None: off (interval = "0")
     health_accept: tuple[str, ...]  # [health] accept: checks whose errors do not refuse
-
-    def __init__(self, fields: dict[str, Any]) -> None:
-        """`fields`: every attribute (build_model's dict, which the model keeps)."""
-        # The annotations above and settings.SETTINGS' attrs must agree: a
-        # setting whose attribute is not declared here fails the first model.
-        if fields.keys() != self.__annotations__.keys():
-            missing = set(self.__annotations__) - set(fields)
-            extra = set(fields) - set(self.__annotations__)
-            raise TypeError(f"Model lacks {sorted(missing)}, has undeclared {sorted(extra)}")
-        self.__dict__ = fields
 
     @property
     def unit_name(self) -> str:
@@ -198,7 +192,7 @@ def build_model(merged: MergedConfig) -> Model:
     fields["bound_ports"] = _bound_ports(values, ports)
     fields["nodes"] = nodes
     fields["liveness"] = build_liveness(values, merged, probe_timeout, spec.liveness_probe)
-    return Model(fields)
+    return Model(**fields)
 
 
 _NODES_KEYS = frozenset(s.key for s in SETTINGS if s.key.startswith("nodes."))   # all None by default

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import difflib
 from dataclasses import dataclass
 from typing import Any
 
@@ -126,6 +125,7 @@ _TOP_LEVEL = tuple(dict.fromkeys([*(s.key.split(".")[0] for s in SETTINGS), "ncc
 def unknown_key(key: str, known: tuple[str, ...] | list[str], listed: str = "") -> str:
     """The reason for a key no setting has, with the nearest known one when a
     typo is likely (`prot` -> `port`)."""
+    import difflib      # here: only a refused file needs it
     close = difflib.get_close_matches(key, known, n=1)
     return f"unknown key{listed}" + (f"; did you mean `{close[0]}`?" if close else "")
 

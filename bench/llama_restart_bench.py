@@ -192,7 +192,7 @@ class Bystanders:
                 self.procs[name] = subprocess.Popen(self.monitor_argv, start_new_session=True)
 
     def killed(self) -> list[str]:
-        time.sleep(0.05)      # a SIGKILL sent just now: let the exit land
+        # (read once the server answers again: a kill by the restart came before)
         return sorted(n for n, p in self.procs.items() if p.poll() is not None)
 
     def close(self) -> None:

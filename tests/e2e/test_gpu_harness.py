@@ -8,7 +8,7 @@ and once with two.
 
 It runs in CI because nothing else does: the harness is only run on the GPU
 machine by hand, and a harness that is broken here (it once was: a name used
-before it was defined) wastes the device time it is given.  About 3 minutes;
+before it was defined) wastes the device time it is given.  Several minutes;
 INFER_UNITS_E2E_GPU_HARNESS=0 skips it."""
 
 from __future__ import annotations

@@ -212,4 +212,7 @@ def _model(state: str | None) -> dict:
 ])
 def test_status_exit_codes(states: list, unknown: list, code: int) -> None:
     from infer_units.helpers.cli.status import exit_code
-    assert exit_code({"models": [_model(s) for s in states], "unknown": unknown}) == code
+    report = {"models": [_model(s) for s in states], "unknown": unknown, "errors": []}
+    assert exit_code(report) == code
+    # a model file that does not load (its unit does not exist): 1, failed models or not
+    assert exit_code({**report, "errors": ["/etc/infer-units/x.toml: prot: unknown key"]}) == 1

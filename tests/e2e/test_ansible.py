@@ -81,6 +81,12 @@ def models(alpha: str = ALPHA, beta_dropin: str = BETA_DROPIN) -> list[dict]:
              "dropins": [{"name": "50-description.toml", "content": beta_dropin}]}]
 
 
+def journals(box: Container) -> str:
+    """The models' journals, for the message of a failed assertion."""
+    return box.sh("journalctl -u alpha -u beta -o short-precise --no-pager | tail -n 60",
+                  check=False).stdout
+
+
 def main_pids(box: Container) -> dict[str, str]:
     pids = {}
     for name in ("alpha", "beta"):
@@ -93,20 +99,20 @@ def main_pids(box: Container) -> dict[str, str]:
 def test_role_converges_is_idempotent_and_rolls_only_the_changed_model(
         host: Container, deb: Path, tmp_path: Path) -> None:
     code, out, changed = play(host, tmp_path, models(), deb=deb)
-    assert code == 0 and changed > 0, out
+    assert code == 0 and changed > 0, out + journals(host)
     assert "install ok installed" in host.sh("dpkg-query -W -f='${Status}' infer-units").stdout
     assert host.path("/usr/share/infer-units/prometheus/infer-units.rules.yml").stat().st_size
     before = main_pids(host)
     assert show(host, "beta.service", "Description")["Description"] == "beta, from its drop-in"
 
     code, out, changed = play(host, tmp_path, models(), deb=deb)
-    assert code == 0 and changed == 0, out
+    assert code == 0 and changed == 0, out + journals(host)
     assert main_pids(host) == before
 
     # alpha's file changes: alpha alone restarts; beta keeps its server.
     alpha2 = model_toml("alpha", [0], 18301, load=0.5)
     code, out, changed = play(host, tmp_path, models(alpha=alpha2), deb=deb)
-    assert code == 0 and changed > 0, out
+    assert code == 0 and changed > 0, out + journals(host)
     after = main_pids(host)
     assert after["alpha"] != before["alpha"] and after["beta"] == before["beta"], (before, after)
     assert host.path("/etc/infer-units/alpha.toml").read_text() == alpha2
@@ -120,33 +126,51 @@ def test_role_converges_is_idempotent_and_rolls_only_the_changed_model(
     dropin = host.path("/etc/infer-units/beta.toml.d/50-description.toml")
     assert dropin.read_text() == BETA_DROPIN
     assert main_pids(host) == after
-    # The staging directory is gone: the work directory holds the package only.
-    assert [p.name for p in host.path("/var/cache/infer-units-ansible").iterdir()] == [deb.name]
+    # The staging directory is gone, and no model is marked for a restart.
+    work = host.path("/var/cache/infer-units-ansible")
+    assert sorted(p.name for p in work.iterdir()) == sorted([deb.name, "pending"])
+    assert list((work / "pending").iterdir()) == []
 
-    code, out, changed = play(host, tmp_path, models(alpha=alpha2), deb=deb)
-    assert code == 0 and changed == 0, out
-    assert main_pids(host) == after
+    # A start that fails stops the role before the next model: beta's new
+    # drop-in is in place but its server is the old one ...
+    beta2 = 'description = "beta, second"\n'
+    broken = alpha2.replace('"/usr/local/bin/fake-engine"', '"/bin/false"')
+    assert broken != alpha2
+    code, out, changed = play(host, tmp_path, models(alpha=broken, beta_dropin=beta2), deb=deb)
+    assert code != 0 and "Start or restart alpha" in out, out
+    assert show(host, "beta.service", "MainPID")["MainPID"] == after["beta"]
+    assert host.path("/etc/infer-units/beta.toml.d/50-description.toml").read_text() == beta2
+    assert sorted(p.name for p in (work / "pending").iterdir()) == ["alpha", "beta"]
+    # ... and the next run restarts beta too, although its files no longer change.
+    code, out, changed = play(host, tmp_path, models(alpha=alpha2, beta_dropin=beta2), deb=deb)
+    assert code == 0, out + journals(host)
+    fixed = main_pids(host)
+    assert fixed["beta"] != after["beta"], (after, fixed)
+    assert show(host, "beta.service", "Description")["Description"] == "beta, second"
+    code, out, changed = play(host, tmp_path, models(alpha=alpha2, beta_dropin=beta2), deb=deb)
+    assert code == 0 and changed == 0, out + journals(host)
+    assert main_pids(host) == fixed
 
 
 def test_role_drains_and_resumes_the_host(host: Container, tmp_path: Path) -> None:
     code, out, _ = play(host, tmp_path, models())
-    assert code == 0, out
+    assert code == 0, out + journals(host)
     main_pids(host)
 
     code, out, changed = play(host, tmp_path, models(), state="drained")
-    assert code == 0 and changed > 0, out
+    assert code == 0 and changed > 0, out + journals(host)
     for name in ("alpha", "beta"):
         assert show(host, f"{name}.service", "ActiveState")["ActiveState"] == "inactive"
     assert host.sh(f"test -e {FENCE}", check=False).returncode == 0
     code, out, changed = play(host, tmp_path, models(), state="drained")
-    assert code == 0 and changed == 0, out
+    assert code == 0 and changed == 0, out + journals(host)
 
     code, out, changed = play(host, tmp_path, models())
-    assert code == 0 and changed > 0, out
+    assert code == 0 and changed > 0, out + journals(host)
     main_pids(host)
     assert host.sh(f"test -e {FENCE}", check=False).returncode == 1
     code, out, changed = play(host, tmp_path, models())
-    assert code == 0 and changed == 0, out
+    assert code == 0 and changed == 0, out + journals(host)
 
 
 def test_role_installs_from_a_url(host: Container, deb: Path, tmp_path: Path) -> None:
@@ -162,10 +186,10 @@ def test_role_installs_from_a_url(host: Container, deb: Path, tmp_path: Path) ->
                                           check=False).returncode == 0, timeout=30)
         url = f"http://127.0.0.1:18399/{deb.name}"
         code, out, _ = play(host, tmp_path, models(), deb_url=url)
-        assert code == 0, out
+        assert code == 0, out + journals(host)
         assert "install ok installed" in host.sh("dpkg-query -W -f='${Status}' infer-units").stdout
         code, out, changed = play(host, tmp_path, models(), deb_url=url)
-        assert code == 0 and changed == 0, out
+        assert code == 0 and changed == 0, out + journals(host)
         code, out, _ = play(host, tmp_path, models(),
                             deb_url="http://127.0.0.1:18399/no-such.deb")
         assert code != 0 and "Install the package" in out, out

@@ -260,12 +260,22 @@ def test_an_untrusted_run_ends_at_its_deadline_whatever_holds_its_output(
         attacker, public: Path) -> None:
     """A child that leaves the session and keeps the pipes open does not hold
     root past the deadline."""
-    script = _flooding_python(public, attacker, 1,
-                              "setsid sleep 60 &\nexec sleep 60")
+    marker = f"0.{secrets.randbelow(10**6):06d}"      # sleep adds it: the leftover's mark
+    script = _flooding_python(public, attacker, 1, f"setsid sleep 60 {marker} &\nexec sleep 60")
     started = time.monotonic()
-    got = _selftest_as_root(script, attacker, 1.0)
-    assert got["verdict"].get("hung") is True, got
-    assert time.monotonic() - started < 10, "root waited on the user's leftover"
+    try:
+        got = _selftest_as_root(script, attacker, 1.0)
+        assert got["verdict"].get("hung") is True, got
+        assert time.monotonic() - started < 10, "root waited on the user's leftover"
+    finally:
+        # The escaped process is this test's: its own name, the attacker's account.
+        import psutil
+        left = [proc for proc in psutil.process_iter(["uids", "cmdline"])
+                if proc.info["uids"] and proc.info["uids"].real == attacker.pw_uid
+                and proc.info["cmdline"] == ["sleep", "60", marker]]
+        for proc in left:
+            proc.kill()
+        psutil.wait_procs(left, timeout=10)
 
 
 # ------------------------------------------------------------------ 4: group watch

@@ -109,9 +109,8 @@ def _unit_get(name: str, interface: bytes, prop: str, signature: str) -> Any:
 
 def _call(method: str, signature: str, *args: Any) -> Any:
     """A call on the manager; its reply's body."""
-    from pystemd.dbuslib import apply_signature
-
     def ask(bus: Any) -> Any:
+        from pystemd.dbuslib import apply_signature     # there once connected
         return bus.call_method(DESTINATION, MANAGER_PATH, MANAGER, method.encode(),
                                apply_signature(signature.encode(), list(args))).body
     return _with_bus(ask, method)

@@ -7,8 +7,6 @@ import os
 import pwd
 from dataclasses import dataclass
 
-import psutil
-
 # Command lines go into one journal line each: control characters escaped, as
 # the generator escapes paths and values in its messages.
 from ...generator.errors import one_line
@@ -130,6 +128,7 @@ def _uids(pid: int) -> tuple[int, int] | None:
     (/proc/PID/status, through psutil).  Not the owner of /proc/PID: that
     is root for a process that made itself non-dumpable (prctl), whoever
     runs it."""
+    import psutil       # here: a start or stop that finds its GPUs free never asks
     try:
         uids = psutil.Process(pid).uids()
     except psutil.Error:

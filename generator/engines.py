@@ -32,6 +32,8 @@ class EngineSpec:
     # Whether SIGTERM lets requests in flight finish at all; a drain asked
     # of a server that cannot is refused, not silently ignored.
     can_drain: bool = True
+    # What a stop sends the server (KillSignal=).
+    stop_signal: str = "SIGTERM"
     # Every flag can also come from the environment variable of its name
     # (clap's `env`: --master-port <- MASTER_PORT); an explicit flag wins.
     flags_from_env: bool = False
@@ -119,10 +121,14 @@ ENGINE_SPECS: dict[str, EngineSpec] = {
     # /health reports the server's state, not a generation: probe liveness
     # with one token (/v1/completions; it ignores the "model" field).
     # SIGTERM ends its task loop at once and cuts the requests in flight
-    # (tools/server/server.cpp shutdown_handler): it cannot drain.
+    # (tools/server/server.cpp shutdown_handler): it cannot drain.  With a
+    # request streaming it then never exits (its HTTP worker waits for the
+    # next token of a loop that is gone), and the stop would end failed in
+    # TimeoutStopSec's SIGKILL: the unit stops it with SIGKILL at once; the
+    # driver frees its GPU memory as at any exit (wait-free waits for it).
     "llamacpp": EngineSpec(None, "llama-server", False, "/health", probe_timeout=10.0,
-                           drain=0.0, can_drain=False, liveness_probe="generate",
-                           model_name_flag="--alias"),
+                           drain=0.0, can_drain=False, stop_signal="SIGKILL",
+                           liveness_probe="generate", model_name_flag="--alias"),
     # Any server: [stop] drain is only how long systemd waits after SIGTERM.
     "command": EngineSpec(None, None, False, "/health", probe_timeout=10.0, drain=0.0),
 }

@@ -319,7 +319,7 @@ def _kill_signal(m: Model) -> str:
         # SGLang's ranks > 0 ignore SIGTERM (only rank 0 can stop the group)
         # and have nothing to drain.
         return "SIGKILL"
-    return "SIGTERM"
+    return ENGINE_SPECS[m.engine].stop_signal
 
 
 def _stop_post_timeout(m: Model) -> float:

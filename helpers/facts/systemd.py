@@ -322,11 +322,10 @@ def queue_stop(unit: str) -> str | None:
         return str(e)
 
 
-def main_exit_status(invocation_id: str | None, pid: int | None, wait_s: float = 1.0) -> int | None:
-    """The exit status systemd recorded for our unit's main process, waiting
+def main_exit_status(unit: str, invocation_id: str | None, pid: int | None,
+                     wait_s: float = 1.0) -> int | None:
+    """The exit status systemd recorded for `unit`'s main process, waiting
     briefly for systemd to notice the death; None when unknown."""
-    from .procinfo import read_cgroup, unit_of_cgroup
-    unit = unit_of_cgroup(read_cgroup(os.getpid()))
     if not unit or not invocation_id:
         return None
     deadline = time.monotonic() + wait_s

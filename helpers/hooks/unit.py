@@ -352,8 +352,10 @@ def wait_ready(argv: list[str]) -> int:
         _say(f"{result.reason} ({result.seconds:.1f}s after ExecStartPost began)")
         return exitcodes.CLEAN
     if result.server_exited:
+        from ..facts.procinfo import read_cgroup, unit_of_cgroup
         from ..facts.systemd import main_exit_status
-        status = main_exit_status(os.environ.get("INVOCATION_ID"), a.pid)
+        own_unit = unit_of_cgroup(read_cgroup(os.getpid()))
+        status = main_exit_status(own_unit or "", os.environ.get("INVOCATION_ID"), a.pid)
         if status and 0 < status < 256:
             # The closing line says whose code this is: not one of ours.
             _say(f"{result.reason}; exit {status} = the server's own exit status", ERR)

@@ -4,10 +4,8 @@ from __future__ import annotations
 
 import errno
 import os
-
 import socket
 import time
-from collections.abc import Callable
 
 from .procinfo import ProcInfo, read_proc
 
@@ -205,28 +203,6 @@ def can_bind(host: str, port: int) -> bool:
         return e.errno != errno.EADDRINUSE
     finally:
         s.close()
-
-
-def wait_port_reporting(host: str, port: int, timeout: float,
-                        say: Callable[[str], None]) -> bool:
-    """wait_port_free, saying who holds the port when it is taken, and who
-    still does if it is not free in time."""
-    started = time.monotonic()
-    if wait_port_free(host, port, 0.0):
-        return True          # the common case: one look (a bind(), or one sock_diag dump)
-    first = port_users(port)
-    for info, how in first or []:
-        say(f"port {port} held by {info.describe()} ({how}); waiting")
-    if wait_port_free(host, port, timeout):
-        if first:
-            say(f"port {port} free after {(time.monotonic() - started) * 1000:.0f} ms")
-        return True
-    users = port_users(port)
-    who = "; ".join(f"{i.describe()} ({how})" for i, how in users) if users else \
-        "a process out of sight (another network namespace, or a socket only bound, " \
-        "which kernels before 6.11 do not name)"
-    say(f"port {port} still in use after {timeout:g}s: {who}")
-    return False
 
 
 def wait_port_free(host: str, port: int, timeout: float, poll_s: float = 0.05) -> bool:

@@ -33,7 +33,7 @@ import os
 import time
 from dataclasses import dataclass
 
-from ...generator.atomicfile import UnsafePath, ensure_dir
+from ...generator.atomicfile import Dir, UnsafePath, ensure_dir
 from ...generator.paths import run_dir
 from ..facts.gpus import Gpu
 from ..facts.procinfo import read_cgroup, read_stat, unit_of_cgroup
@@ -118,10 +118,50 @@ def claim_live(claim: Claim) -> tuple[bool, str]:
 
 
 def _narrow(fd: int, mode: int) -> None:
-    """Our file or directory at exactly `mode` (never one another account owns)."""
+    """Our directory at exactly `mode` (never one another account owns)."""
     st = os.fstat(fd)
     if st.st_uid == os.geteuid() and st.st_mode & 0o7777 != mode:
         os.fchmod(fd, mode)
+
+
+def _lock(locks: Dir, name: str, deadline: float) -> int:
+    """An fd of lock file `name`, flocked, that is the file `locks` names now.
+
+    A file that is not exactly ours and 0600 with one name (an older
+    version's 0644, a hard link made meanwhile) is replaced, never narrowed:
+    an fd another account opened while it could still takes flock after a
+    chmod, and would hold every start on the GPU (docs/trust.md).  The claim
+    it carries is copied over.  A hook that locked the replaced file meanwhile
+    finds its fd no longer named and opens the new one."""
+    while True:
+        fd = locks.open_regular(name, os.O_RDWR | os.O_CREAT, LOCK_MODE)
+        try:
+            st = os.fstat(fd)
+            if st.st_uid != os.geteuid() or st.st_mode & 0o7777 != LOCK_MODE or st.st_nlink != 1:
+                locks.write(name, os.pread(fd, 4096, 0), LOCK_MODE)
+                os.close(fd)
+                continue
+            while True:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except OSError as e:
+                    if e.errno not in (errno.EAGAIN, errno.EACCES):
+                        raise
+                    if time.monotonic() >= deadline:
+                        raise ClaimError(f"{os.path.join(locks.path, name)}: still locked by "
+                                         "another start hook", timed_out=True) from None
+                    time.sleep(LOCK_POLL_S)
+            try:
+                named = os.stat(name, dir_fd=locks.fd, follow_symlinks=False).st_ino
+            except FileNotFoundError:
+                named = None
+        except BaseException:
+            os.close(fd)
+            raise
+        if named == st.st_ino:
+            return fd
+        os.close(fd)
 
 
 class GpuClaims:
@@ -137,25 +177,14 @@ class GpuClaims:
             # that GPU would wait for it (docs/trust.md).  So the directory is
             # root's alone (0700) and each lock file 0600, created with
             # O_EXCL|O_NOFOLLOW relative to the directory's fd
-            # (generator/atomicfile.py), whatever the umask; modes left wider
-            # by an older version are narrowed before any lock is taken.
+            # (generator/atomicfile.py), whatever the umask; a directory left
+            # wider by an older version is narrowed before any lock is taken
+            # (a directory fd opened meanwhile opens nothing in it), a lock
+            # file is replaced (_lock).
             with ensure_dir(os.path.join(run_dir(), "gpu"), LOCK_DIR_MODE) as locks:
                 _narrow(locks.fd, LOCK_DIR_MODE)
                 for g in self.gpus:            # index order: no crosswise waits
-                    fd = locks.open_regular(lock_name(g), os.O_RDWR | os.O_CREAT, LOCK_MODE)
-                    held.append((g, fd))
-                    _narrow(fd, LOCK_MODE)
-                    while True:
-                        try:
-                            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                            break
-                        except OSError as e:
-                            if e.errno not in (errno.EAGAIN, errno.EACCES):
-                                raise
-                            if time.monotonic() >= deadline:
-                                raise ClaimError(f"{lock_path(g)}: still locked by another "
-                                                 "start hook", timed_out=True) from None
-                            time.sleep(LOCK_POLL_S)
+                    held.append((g, _lock(locks, lock_name(g), deadline)))
         except BaseException:
             for _g, fd in held:
                 os.close(fd)

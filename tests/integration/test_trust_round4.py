@@ -443,3 +443,54 @@ def test_doctor_keeps_a_bounded_piece_of_what_a_users_python_prints(attacker, pu
                            "eng", "--json"], env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     assert int(done.stdout.split()[-1]) < 150, f"doctor's peak RSS {done.stdout.split()[-1]} MiB"
+
+
+OPEN_EARLY = r"""
+import fcntl, os, sys, time
+fd = os.open(sys.argv[1], os.O_RDONLY)    # while an older version's modes let it
+print("opened", flush=True)
+sys.stdin.readline()                      # root narrowed the modes meanwhile
+fcntl.flock(fd, fcntl.LOCK_SH)
+print("locked", flush=True)
+time.sleep(300)
+"""
+
+
+@pytest.mark.parametrize("reach", ["path", "hardlink"])
+def test_a_lock_opened_before_its_modes_were_narrowed_blocks_no_start(
+        attacker, public: Path, monkeypatch, reach: str) -> None:
+    """Narrowing a lock file's mode does not close an fd opened while an
+    older version left it 0644: that fd still takes flock, and every start
+    on the GPU waited for it.  Also reached through a hard link the user
+    made while the file was open to it (fs.protected_hardlinks off)."""
+    from tests.support import PYTHON
+    monkeypatch.setenv("INFER_UNITS_RUN_DIR", str(public / "run"))
+    lock = public / "run" / "gpu" / f"{GPU.uuid}.lock"
+    lock.parent.mkdir(parents=True, mode=0o755)
+    lock.parent.chmod(0o755)
+    lock.touch(mode=0o644)
+    lock.chmod(0o644)
+    target = lock
+    if reach == "hardlink":
+        mine = public / "mine"
+        mine.mkdir()
+        os.chown(mine, attacker.pw_uid, attacker.pw_gid)
+        target = mine / "lock"
+        os.link(lock, target)       # as root: the link an older kernel setting allowed
+    holder = as_attacker(attacker, PYTHON, "-I", "-c", OPEN_EARLY, str(target),
+                         stdin=subprocess.PIPE)
+    try:
+        assert holder.stdout is not None and holder.stdin is not None
+        assert holder.stdout.readline().strip() == "opened"
+        first = GpuClaims([GPU], "model-a.service")      # the upgraded hook: narrows
+        assert first.acquire(timeout=1.0) == []
+        first.release()
+        holder.stdin.write("go\n")
+        holder.stdin.flush()
+        assert holder.stdout.readline().strip() == "locked"
+        assert GpuClaims([GPU], "model-b.service").acquire(timeout=1.0) == [], \
+            "the user's early fd blocks the GPU's claims"
+        assert (lock.stat().st_mode & 0o7777) == 0o600
+    finally:
+        holder.kill()
+        holder.communicate()

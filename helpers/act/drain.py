@@ -35,7 +35,6 @@ PROC_MODULES = "/proc/modules"
 #   inactive, failed                           left alone, not resumed
 #   ... unless it left "active" after the fence went up (a restart whose start
 #   half the fence refused before the listing): resumed
-UP = ("active", "activating", "reloading", "deactivating")
 DOWN = ("inactive", "failed")
 SCHEMA_VERSION = 1
 

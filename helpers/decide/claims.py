@@ -51,10 +51,6 @@ def lock_name(gpu: Gpu) -> str:
     return "".join(c if c.isascii() and (c.isalnum() or c in "-_.") else "_" for c in key) + ".lock"
 
 
-def lock_path(gpu: Gpu) -> str:
-    return os.path.join(run_dir(), "gpu", lock_name(gpu))
-
-
 @dataclass(frozen=True)
 class Claim:
     unit: str

@@ -136,8 +136,3 @@ def restarting_unit(pid: int, cgroup: str) -> tuple[str, str] | None:
         return unit, restart
     return None
 
-
-def forget() -> None:
-    """Drop what was learnt (tests; a long-lived caller after a daemon-reload)."""
-    _cgroups.clear()
-    _systemd_unreachable[0] = False

@@ -124,12 +124,6 @@ def _bound_out_of_sight(host: str, port: int) -> bool:
         return False
 
 
-def port_holders(port: int) -> list[ProcInfo] | None:
-    """port_users without the how (doctor's port check)."""
-    users = port_users(port)
-    return None if users is None else [info for info, _how in users]
-
-
 def port_users(port: int) -> list[tuple[ProcInfo, str]] | None:
     """Processes holding `port`, each with how ("listening", "bound, not
     listening yet"): [] when free, None when it is taken but the holder is out

@@ -129,7 +129,6 @@ class UnitState:
     active_since_us: int        # realtime µs of the last ActiveEnter (0: never)
     restarts: int
     exec_main_status: int
-    fragment_path: str
     source_path: str
 
     def as_json(self) -> dict[str, Any]:
@@ -153,7 +152,7 @@ def unit_state(name: str) -> UnitState:
         active_since_us=int(unit("ActiveEnterTimestamp", "t")),
         restarts=int(service("NRestarts", "u")),
         exec_main_status=int(service("ExecMainStatus", "i")),
-        fragment_path=_s(unit("FragmentPath")), source_path=_s(unit("SourcePath")))
+        source_path=_s(unit("SourcePath")))
 
 
 def slice_path(slice_name: str) -> str:
@@ -188,11 +187,6 @@ def _rows(patterns: list[str]) -> list[Any]:
     """ListUnitsByPatterns' rows for glob patterns: name, description, load,
     active, sub state, following, path, job id, job type, job path."""
     return list(_call("ListUnitsByPatterns", "asas", [], [p.encode() for p in patterns]))
-
-
-def list_units(patterns: list[str]) -> list[str]:
-    """Loaded units matching glob patterns (e.g. "*.service")."""
-    return sorted(_s(row[0]) for row in _rows(patterns))
 
 
 def list_unit_states(patterns: list[str]) -> dict[str, str]:

@@ -15,6 +15,7 @@ import stat
 import tomllib
 from typing import Any
 
+from .atomicfile import UnsafePath, open_dir
 from .errors import ConfigError
 from .paths import RUN_DIR
 
@@ -146,6 +147,13 @@ def _listing(directory: str) -> list[str] | OSError:
         if problem:
             return UntrustedDirectory(f"refused: {problem}; none of its files, links or "
                                       "masks is used (chown root:, chmod go-w)")
+        # The directories above it too, and the links on the way (the one
+        # writer's walk): whoever can write one of them can put a link to a
+        # root-owned directory of their choice in its place.
+        try:
+            open_dir(directory).close()
+        except UnsafePath as e:
+            return UntrustedDirectory(f"{e}; none of its files, links or masks is used")
         # Only what the loader looks at: model files and drop-in directories
         # (the env files and state beside them in /run/infer-units are no input).
         return [e for e in os.listdir(fd) if e.endswith((".toml", ".toml.d"))]

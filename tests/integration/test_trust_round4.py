@@ -494,3 +494,70 @@ def test_a_lock_opened_before_its_modes_were_narrowed_blocks_no_start(
     finally:
         holder.kill()
         holder.communicate()
+
+
+# ------------------------------------------------------------------ 6: search directories
+
+SERVE = 'engine = "command"\ncommand = ["/opt/srv/serve"]\ngpus = [{gpu}]\n'
+
+
+def _generate(public: Path, search: list[Path]) -> tuple[subprocess.CompletedProcess[str], Path]:
+    from tests.support import PYTHON, base_env
+    out = public / "out"
+    out.mkdir()
+    done = subprocess.run([PYTHON, "-m", "infer_units.generator.main", str(out)],
+                          capture_output=True, text=True, timeout=60,
+                          env=base_env(INFER_UNITS_CONFIG_PATH=":".join(map(str, search))))
+    return done, out
+
+
+@pytest.mark.parametrize("parent_mode", [0o777, 0o775])
+def test_a_search_directory_under_a_parent_others_can_write_is_refused(
+        attacker, public: Path, parent_mode: int) -> None:
+    """The search directory itself root's 0755, the directory above it
+    writable by others (or by the attacker's group): the attacker moves it
+    aside and puts a link to a root-owned directory of their choice in its
+    place (the shipped examples, run as root), or a directory of root-owned
+    empty files to mask the operator's models.  Refused, as the writer
+    refuses such a parent."""
+    top, shipped, etc = public / "top", public / "shipped", public / "etc"
+    for d in (top, shipped, etc):
+        d.mkdir(mode=0o755)
+    os.chown(top, 0, attacker.pw_gid)
+    top.chmod(parent_mode)
+    (top / "run").mkdir(mode=0o755)
+    (shipped / "example.toml").write_text(SERVE.format(gpu=1))
+    (etc / "real.toml").write_text(SERVE.format(gpu=0))
+    move = as_attacker(attacker, "sh", "-c", f"mv {top}/run {top}/old && ln -s {shipped} {top}/run")
+    assert move.communicate(timeout=30) and move.returncode == 0
+    done, out = _generate(public, [top / "run", etc])
+    assert not (out / "example.service").exists(), "a model the attacker linked in runs as root"
+    assert (out / "real.service").exists(), done.stderr
+    assert f"{top}" in done.stderr and "refus" in done.stderr, done.stderr
+
+
+def test_a_link_a_user_made_in_place_of_a_missing_search_directory_is_not_followed(
+        attacker, public: Path) -> None:
+    """A sticky directory others can write (/tmp-like) above a search
+    directory that does not exist yet: the attacker's link in its place."""
+    top, shipped, etc = public / "sticky", public / "shipped", public / "etc"
+    for d in (top, shipped, etc):
+        d.mkdir(mode=0o755)
+    top.chmod(0o1777)
+    (shipped / "example.toml").write_text(SERVE.format(gpu=1))
+    (etc / "real.toml").write_text(SERVE.format(gpu=0))
+    link = as_attacker(attacker, "ln", "-s", str(shipped), str(top / "run"))
+    assert link.communicate(timeout=30) and link.returncode == 0
+    done, out = _generate(public, [top / "run", etc])
+    assert not (out / "example.service").exists(), "a model the attacker linked in runs as root"
+    assert (out / "real.service").exists(), done.stderr
+
+
+def test_a_search_directory_root_linked_elsewhere_is_still_read(public: Path) -> None:
+    """The operator's own link (/etc/infer-units -> /srv/models) stays theirs."""
+    real, etc = public / "srv", public / "etc"
+    real.mkdir(mode=0o755)
+    (real / "real.toml").write_text(SERVE.format(gpu=0))
+    etc.symlink_to(real)
+    done, out = _generate(public, [etc])
+    assert (out / "real.service").exists(), done.stderr

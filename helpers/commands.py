@@ -10,7 +10,9 @@ line here."""
 
 from __future__ import annotations
 
+import importlib
 from dataclasses import dataclass
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -19,6 +21,10 @@ class Command:
     attr: str               # the hook's main, or the click command
     hook: bool = False
     summary: str = ""       # hooks only: click commands carry their own help
+
+    def load(self) -> Any:
+        """The hook's main or the click command, its module imported now."""
+        return getattr(importlib.import_module(f"{__package__}.{self.module}"), self.attr)
 
 
 COMMANDS: dict[str, Command] = {

@@ -8,7 +8,6 @@ traceback in the journal (INFER_UNITS_DEBUG=1 shows it)."""
 
 from __future__ import annotations
 
-import importlib
 import os
 import sys
 
@@ -29,7 +28,7 @@ def _run(argv: list[str], scrub_hooks: bool) -> int:
         hookenv.scrub()
     else:
         hookenv.trust_caller()
-    code: int = getattr(importlib.import_module(f"{__package__}.{hook.module}"), hook.attr)(argv[1:])
+    code: int = hook.load()(argv[1:])
     return code
 
 

@@ -22,10 +22,6 @@ def want_json(argv: list[str]) -> None:
     _Json.wanted = "--json" in (argv[:argv.index("--")] if "--" in argv else argv)
 
 
-def json_wanted() -> bool:
-    return _Json.wanted
-
-
 def json_error(message: str, code: int) -> None:
     """Under --json, the one document of a path that printed none."""
     if _Json.wanted and not _Json.written:

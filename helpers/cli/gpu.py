@@ -8,7 +8,6 @@ import sys
 
 import click
 
-from .. import exitcodes
 from ..argtypes import unit_name
 from ..jsonout import echo_json
 from ..die import die

@@ -7,21 +7,16 @@ command runs (or --help lists it)."""
 
 from __future__ import annotations
 
-import importlib
 import sys
 from typing import Any
 
 import click
 
+from ... import __version__
 from .. import commands
 from ..die import die
 from ..exitcodes import CONFIG_ERROR
 from ..jsonout import json_error, want_json
-
-
-def _module(name: str) -> Any:
-    """A module of helpers/commands.py's table ("cli.gpu"), imported now."""
-    return importlib.import_module(f"{__package__.rpartition('.')[0]}.{name}")
 
 
 class _Group(click.Group):
@@ -36,7 +31,7 @@ class _Group(click.Group):
         spec = commands.COMMANDS.get(cmd_name)
         if spec is None or spec.hook:
             return None
-        command: click.Command = getattr(_module(spec.module), spec.attr)
+        command: click.Command = spec.load()
         return command
 
     def main(self, *args: Any, **kwargs: Any) -> Any:
@@ -70,7 +65,7 @@ class _Group(click.Group):
 # show_default: every option's default in --help (the subcommands inherit it).
 @click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"],
                                            "show_default": True})
-@click.version_option(package_name=None, version=__import__("infer_units").__version__)
+@click.version_option(package_name=None, version=__version__)
 def main() -> None:
     """Systemd services for multi-GPU inference servers that clean their GPUs."""
 

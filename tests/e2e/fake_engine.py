@@ -21,7 +21,7 @@ under:
       vLLM: binds its port at once but listens only when the engine is up;
       aborts its own start after VLLM_ENGINE_READY_TIMEOUT_S (600 s default);
       API server -> EngineCore -> workers; /health 200 once up.  Like the real
-      vLLM 0.32 (DESIGN.md, "Real engines, measured"): SIGTERM early in the
+      vLLM 0.32 (docs/engines.md, "What each does on SIGTERM"): SIGTERM early in the
       load ends it, but from FAKE_IGNORE_TERM_FROM_S into the load (default:
       half of it) SIGTERM is ignored and it goes on to serve; when EngineCore
       dies (SIGKILL, or by itself FAKE_ENGINE_DIES_S after the start) the API

@@ -1,5 +1,5 @@
-"""A unit's life against servers that behave as the real ones did (DESIGN.md,
-"Real engines, measured"), under real systemd: a stop or restart while the
+"""A unit's life against servers that behave as the real ones did (docs/engines.md,
+"What each does on SIGTERM"), under real systemd: a stop or restart while the
 server loads (vLLM ignores SIGTERM part of the way through), a server that
 exits 0 by itself (vLLM's API server when EngineCore dies), an operator's
 quick restarts, a port bound but not listening yet, the file-descriptor limit."""

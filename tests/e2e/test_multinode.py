@@ -6,7 +6,7 @@ group).  Nobody touches the workers: the units bring the group back, with
 the default [liveness] (30 s x 4): each rank's group watch
 (infer-units-group@big.service) sees a rank's rendezvous connection go and
 restarts its own rank at once, so the group heals within the head's load
-time + 10 s (DESIGN.md "Performance goals")."""
+time + 10 s (docs/performance.md, "Goals")."""
 
 from __future__ import annotations
 

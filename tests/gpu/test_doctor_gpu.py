@@ -1,7 +1,7 @@
 """`infer-units doctor --json` with real NVML and the machine's kernel (run on
 the device machine: tests/gpu/run-on-device).  Records every check's real
-answer under $OUT (bench/results/<date>-h200-doctor/ once copied back) and
-checks what DESIGN.md measured on the H200 answers here too."""
+answer under $OUT and checks that what a real H200 answered (docs/health.md,
+"What a real GPU answered") answers here too."""
 
 from __future__ import annotations
 
@@ -50,7 +50,8 @@ def test_doctor_answers_every_check_with_real_nvml_and_records_them(tmp_path: Pa
         levels = {f["check"]: f["level"] for f in gpu["findings"]}
         assert set(levels) == {"remapped-rows", "retired-pages", "xid", "ecc", "persistence",
                                "fabric", "mig", "hmm", "cc", "iommu", "acs"}, levels
-        # answered on the H200 (DESIGN.md, 2026-12-01): not unknown here either
+        # answered on the H200 (docs/health.md, "What a real GPU answered"): not
+        # unknown here either
         for check in ("remapped-rows", "ecc", "persistence", "mig", "hmm", "cc"):
             assert levels[check] != "unknown", (check, gpu["findings"])
     model = {f["check"]: f for f in report["models"][0]["findings"]}

@@ -143,7 +143,7 @@ def test_status_without_systemd_still_shows_the_gpus(tmp_path: Path) -> None:
     proc, _ = cuda_holder(0)
     try:
         env = base_env(INFER_UNITS_CONFIG_PATH=str(etc))
-        # exit 1: systemd cannot be asked (DESIGN: as systemctl does); the GPUs are still shown
+        # exit 1: systemd cannot be asked (as systemctl fails then); the GPUs are still shown
         report = json.loads(run_cli("status", "--json", env=env, check=1).stdout)
         [m] = report["models"]
         print(json.dumps(m, indent=1)[:1500])

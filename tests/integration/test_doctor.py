@@ -330,7 +330,7 @@ def test_nvml_answers_become_the_fake_tables_shape() -> None:
         NVML_FEATURE_ENABLED = 1
 
         def nvmlDeviceGetRemappedRows(self, h: Any) -> tuple[int, int, int, int]:
-            return (1, 0, 0, 0)         # the H200's answer (DESIGN.md)
+            return (1, 0, 0, 0)         # one correctable row, none pending: an H200's answer
 
         def nvmlDeviceGetPersistenceMode(self, h: Any) -> int:
             return 1

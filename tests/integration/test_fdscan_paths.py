@@ -1,6 +1,6 @@
 """A GPU node held through another path to it: a server chrooted into a root
 whose /dev is a bind of the real one holds "/host/dev/nvidia0" as the rest of
-the system reads its fds.  On H200 under systemd (tests/gpu/systemd, 2026-11-30)
+the system reads its fds.  On an H200 under systemd (tests/gpu/systemd)
 `drain` missed such a server and timed out on its memory.  Holders, reap and
 drain must count it as a holder of the node (same device), and must not
 count a different file that merely has the same tail."""

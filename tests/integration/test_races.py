@@ -124,7 +124,7 @@ def _remove_cgroup_root(root: Path) -> None:
     """Move what is left back to the top and remove the test's cgroups.  The
     last _stop() waits for each unit's shell only: a child it SIGKILLed with
     it (the loser's `sleep`) may still be exiting in the cgroup, and rmdir
-    answers EBUSY until it is gone (CI, 2026-12-04): wait for that state."""
+    answers EBUSY until it is gone (seen in CI): wait for that state."""
     def removed(cg: Path) -> bool:
         for pid in (cg / "cgroup.procs").read_text().split():
             try:

@@ -359,7 +359,7 @@ def test_wait_free_waits_for_its_own_orphans_only(fake_gpus: FakeGpus, holders,
 
 def test_a_worker_reaps_its_last_runs_leftovers_before_it_parks(fake_gpus: FakeGpus, holders,
                                                                   unit_cgroups) -> None:
-    """CI, 2026-12-03: a multi-node worker restarted (its head stopped) parked
+    """Seen in CI: a multi-node worker restarted (its head stopped) parked
     in pre-start with its last run's two TP workers still holding its GPUs:
     the restart's wait-free leaves the reaping to the start, and systemd's
     SIGKILL of the cgroup failed ("Failed to kill control group ...

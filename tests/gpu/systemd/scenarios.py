@@ -133,8 +133,8 @@ def unit_pids(unit: str) -> list[int]:
 
 
 def device_fds(pid: int) -> list[str]:
-    """The /dev/nvidia* nodes a process holds open (DESIGN: every CUDA process
-    opens every node, whatever CUDA_VISIBLE_DEVICES says)."""
+    """The /dev/nvidia* nodes a process holds open (docs/architecture.md: every
+    CUDA process opens every node, whatever CUDA_VISIBLE_DEVICES says)."""
     out = set()
     try:
         for fd in os.listdir(f"/proc/{pid}/fd"):
@@ -428,7 +428,8 @@ def s3_disjoint(sc: Scenario) -> None:
              "right_gpu1": gpu_pids(holders(), 1), "memory_mib": mem(),
              "left_gpu0": gpu_pids(holders(), 0)}
     lo, hi = smp.span(1)
-    # DESIGN: a CUDA process opens every /dev/nvidiaN, whatever CUDA_VISIBLE_DEVICES says
+    # A CUDA process opens every /dev/nvidiaN, whatever CUDA_VISIBLE_DEVICES says
+    # (docs/architecture.md, "A start")
     d["left_worker_device_fds"] = {p: device_fds(p) for p in after["left_gpu0"]}
     d.update(before=before, after=after, restart_left={"rc": rc2, "seconds": round(s2, 3)},
              gpu1_during_restart_mib={"min": lo, "max": hi, "samples": len(smp.samples)},
@@ -559,7 +560,7 @@ def s6_drain(sc: Scenario) -> None:
     if stray.poll() is None:
         stray.kill()
     stray.wait(10)
-    # DESIGN: starts stay fenced until `resume`.  Recorded, not part of "ok":
+    # Starts stay fenced until `resume` (docs/architecture.md).  Recorded, not part of "ok":
     # whether this build fences at all is what the run finds out.
     rc2, s2, _, err2 = sc.sh("infer-units resume")
     d["resume"] = {"rc": rc2, "seconds": round(s2, 3), "stderr": err2.splitlines()[-10:],
@@ -1114,7 +1115,8 @@ def main() -> int:
     log(f"scenarios start: backend {B.name}, {len(GPUS)} GPU(s), package "
         f"{open('/etc/infer-units-version').read().strip()}")
     RESULTS["package_version"] = open("/etc/infer-units-version").read().strip()
-    # DESIGN: an NVML query of all GPUs costs ~0.04 ms (processes and memory here)
+    # What an NVML query of all GPUs costs, processes and memory (docs/performance.md,
+    # "Facts the code is built on", has the figure)
     t = time.perf_counter()
     for _ in range(200):
         B.users(GPUS)

@@ -11,8 +11,7 @@ read to its end), or with real NVML when run where the driver is
   doctor     doctor.collect([]) in process: every GPU and host check
   cli        `infer-units doctor --json` as a process, against a bare
              `python3 -c pass` and `infer-units --version` (the CLI's own start)
-Budget (README "Measured"): gate < 20 ms, doctor in process < 100 ms for
-8 GPUs; the CLI adds only its interpreter and click start-up.
+The figures: docs/performance.md, "doctor and the health gate".
 """
 
 from __future__ import annotations
@@ -84,11 +83,9 @@ def main() -> int:
     report = collect([], root)
     print(f"backend {b.name}, {len(gpus)} GPU(s); kernel log readable: {log.readable} "
           f"({sum(len(v) for v in log.xids.values())} XID lines) {log.why}")
-    print(f"gate (1 GPU, pre-start)        {gate:8.2f} ms   budget 20 ms   "
-          f"{'ok' if gate < 20 else 'OVER'}")
+    print(f"gate (1 GPU, pre-start)        {gate:8.2f} ms")
     print(f"kernel log read to its end     {kmsg:8.2f} ms")
-    print(f"doctor in process ({len(gpus)} GPUs)    {doctor:8.2f} ms   budget 100 ms  "
-          f"{'ok' if doctor < 100 else 'OVER'}")
+    print(f"doctor in process ({len(gpus)} GPUs)    {doctor:8.2f} ms")
     print(f"infer-units doctor --json      {cli:8.1f} ms   = {cli / bare:.1f}x bare python "
           f"({bare:.1f} ms); infer-units --version {version:.1f} ms")
     print(f"findings: {report['level']} overall, exit {report['exit']}")

@@ -17,17 +17,16 @@ CPU per 10 s of waiting: the hook's own CPU time (the kernel's
 sum_exec_runtime of its threads, /proc/PID/task/*/schedstat, in ns) read
 1.5 s after it started and again --wait seconds later, so neither the
 interpreter's start nor the first second's faster polls are in it; median of
-3.  (It was a run of 1 s + --wait minus a run of 1 s: two starts' noise,
-+-50 ms here, in a figure of a few ms; on the H200 the first scenario gave
-2.06% once and 0.11% in another run.)  "absent, first second in": the same
+3.  (Not a run of 1 s + --wait minus a run of 1 s: two interpreter
+starts' noise would swamp a figure of a few ms.)  "absent, first second in": the same
 from the hook's first look at the port (its first "waiting for" line), so
 the first second's faster polls count, spread over --wait.  Lag: the hook's
 exit minus the moment the server could first answer 2xx (vLLM: it starts
 listening; llama.cpp: /health turns 200), median and max of --runs, the
 server ready from 1 s after the hook is started on (0.137 s later each run),
 and for "bound" also 0.4-0.9 s after it (a small model or a restart: the
-first second's polls).  DESIGN's goals: under 1% of one core (0.1 s per
-10 s), the unit active within 100 ms of the first 2xx.
+first second's polls).  The goals (docs/performance.md): under 1% of one
+core (0.1 s per 10 s), the unit active within 100 ms of the first 2xx.
 """
 
 from __future__ import annotations
@@ -49,7 +48,8 @@ ROOT = Path(__file__).resolve().parent.parent
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+        port: int = s.getsockname()[1]
+        return port
 
 
 class Server:

@@ -12,15 +12,15 @@ backend (holders hold fake device files).
    process: the same Reaper the CLI runs).  A watcher thread notes when each
    holder's pidfd became readable and, with NVML, when the GPU's used memory
    was back to its level before the holders.  Printed: the reaper's return
-   after the last of those events (goal <= 10 ms), next to the anchors of the
+   after the last of those events, next to the anchors of the
    scripts it replaces (a fixed `sleep 2`; polling /proc at 100 ms).
 2. End to end, as an operator or a hook runs it: `infer-units reap --gpus 0
    --term-grace 0s` as a process (interpreter and imports included) against
    TERM-ignoring holders, next to its two floors measured in the same run:
    the teardown (SIGKILL of the same holders straight from here until the
    last is gone, and with NVML its memory back) and a bare `python3 -I -c
-   pass`.  Goal (issue 21): wall <= teardown + floor + 30 ms, and 20x faster
-   than SGLang's killall.py on the same holders: run here, side by side,
+   pass`.  Goal (docs/performance.md): wall <= teardown + 300 ms, and at
+   least 15x faster than SGLang's killall.py on the same holders: run here, side by side,
    with --killall PATH (sglang/cli/killall.py from SGLang's wheel, which
    tests/gpu/systemd/build-carry fetches; it needs nvidia-smi and NVML, and
    kills every process on the GPUs of CUDA_VISIBLE_DEVICES: only on a GPU
@@ -87,7 +87,7 @@ def setup_fake(tmp: Path) -> None:
 
 
 def start_holders(b, sizes: list[float],  # type: ignore[no-untyped-def]
-                  ignore_term: bool = False) -> list[subprocess.Popen]:
+                  ignore_term: bool = False) -> list[subprocess.Popen[str]]:
     procs = []
     stubborn = ["ignore-term"] if ignore_term else []
     for gib in sizes:
@@ -104,6 +104,11 @@ def start_holders(b, sizes: list[float],  # type: ignore[no-untyped-def]
     return procs
 
 
+# The goals (docs/performance.md): reap's wall within the holders' teardown
+# + this, and at least this many times faster than SGLang's killall.py.
+GOAL_OVER_TEARDOWN_MS = 300
+GOAL_FASTER = 15
+
 # Issue 21's scene had, beside the GPU's holders, a process whose command
 # line named sglang and that used no GPU (killall.py killed it too): here an
 # operator's benchmark client, as its command line reads.  It holds no GPU,
@@ -111,11 +116,11 @@ def start_holders(b, sizes: list[float],  # type: ignore[no-untyped-def]
 BYSTANDER = ("import signal; signal.pause()", "sglang.bench_serving", "--backend", "sglang")
 
 
-def start_bystander() -> subprocess.Popen:
+def start_bystander() -> subprocess.Popen[bytes]:
     return subprocess.Popen([sys.executable, "-c", *BYSTANDER])
 
 
-def bystander_killed(p: subprocess.Popen) -> bool:
+def bystander_killed(p: subprocess.Popen[bytes]) -> bool:
     """Whether something killed it; if not, it is ended here."""
     if p.poll() is None:
         p.kill()
@@ -134,7 +139,7 @@ def _no_fds(pid: int) -> bool:
 class Watcher(threading.Thread):
     """Notes when every holder is gone (pidfd) and when GPU memory is back."""
 
-    def __init__(self, b, procs: list[subprocess.Popen], baseline_mib: int | None) -> None:  # type: ignore[no-untyped-def]
+    def __init__(self, b, procs: list[subprocess.Popen[str]], baseline_mib: int | None) -> None:  # type: ignore[no-untyped-def]
         super().__init__(daemon=True)
         self.b, self.baseline = b, baseline_mib
         self.fds = [os.pidfd_open(p.pid) for p in procs]
@@ -213,9 +218,8 @@ def _timed_reap(argv: list[str]) -> tuple[float, float]:
 
 
 # A fresh process's NVML start: the module, nvmlInit, the GPU's handle and
-# the two queries reap makes of it.  Not in the goal's floor (the issue's
-# goal counts only the interpreter); printed beside it so what is left of
-# wall - teardown - floor can be read as NVML's or ours.
+# the two queries reap makes of it.  Printed beside the bare interpreter so
+# that what is left of wall - teardown - floor can be read as NVML's or ours.
 NVML_FLOOR = ("import pynvml as n; n.nvmlInit(); h = n.nvmlDeviceGetHandleByIndex(0); "
               "n.nvmlDeviceGetComputeRunningProcesses(h); n.nvmlDeviceGetMemoryInfo(h)")
 
@@ -301,7 +305,7 @@ def killall_walls(b, killall: Path, trials: int, sizes: list[float],  # type: ig
     return walls, verdict, killed
 
 
-def spawn_idle(count: int) -> subprocess.Popen:
+def spawn_idle(count: int) -> subprocess.Popen[str]:
     """One helper that forks `count` idle children (each holds nothing)."""
     code = ("import os, signal, sys\nn = int(sys.argv[1])\n"
             "for _ in range(n):\n    if os.fork() == 0:\n        signal.pause()\n        os._exit(0)\n"
@@ -349,7 +353,7 @@ def main() -> int:
     p.add_argument("--killall-trials", type=int, default=3)
     p.add_argument("--killall-s", type=float, default=5.35,
                    help="without --killall: SGLang killall.py's wall on the same holders as "
-                        "recorded once (one H200, 2026-12-01, 5.33-5.37 s)")
+                        "recorded once (docs/performance.md)")
     args = p.parse_args()
     sizes = [float(x) for x in args.gib.split(",")]
     if len(sizes) == 1:
@@ -372,8 +376,7 @@ def main() -> int:
                  else ""))
         print("   after the last holder was gone"
               + (" and its memory back" if isinstance(b, NvmlBackend) else "")
-              + f": median {statistics.median(ret):.2f} ms, max {ret[-1]:.2f} ms "
-              f"(goal <= 10 ms: {'met' if statistics.median(ret) <= 10 else 'NOT met'})")
+              + f": median {statistics.median(ret):.2f} ms, max {ret[-1]:.2f} ms")
         for key, what in (("memory_back_after_fds_empty_ms", "GPU memory back after /proc/PID/fd emptied"),
                           ("memory_back_after_exit_ms", "GPU memory back after the pidfds were readable")):
             vals = [r[key] for r in rows if r[key] == r[key]]
@@ -385,7 +388,7 @@ def main() -> int:
               f"/proc poll every 100 ms ~50 ms average -> {50 / max(statistics.median(ret), 0.01):.0f}x")
         e2e = end_to_end(b, args.trials, sizes)
         med = {k: statistics.median(v) * 1000 for k, v in e2e.items()}
-        goal = med["teardown"] + med["floor"] + 30
+        goal = med["teardown"] + GOAL_OVER_TEARDOWN_MS
         print(f"\n2. end to end: `infer-units reap --gpus 0 --term-grace 0s` as a process started as "
               f"the .deb's launcher starts it, {args.trials} trials, {len(sizes)} TERM-ignoring holder(s)")
         for k, what in (("wall", "reap's wall (process start to exit)"),
@@ -401,7 +404,7 @@ def main() -> int:
             v = e2e[k]
             print(f"   {what:42s} median {med[k]:7.1f} ms (min {min(v) * 1000:.1f}, max {max(v) * 1000:.1f})")
         print(f"   wall - teardown - floor = {med['wall'] - med['teardown'] - med['floor']:.1f} ms; "
-              f"goal wall <= teardown + floor + 30 = {goal:.1f} ms: "
+              f"goal wall <= teardown + {GOAL_OVER_TEARDOWN_MS} = {goal:.1f} ms: "
               f"{'met' if med['wall'] <= goal else 'NOT met'}")
         reap_killed = int(sum(e2e["bystander_killed"]))
         print(f"   a bystander (`python3 -c ... {' '.join(BYSTANDER[1:])}`, no GPU) beside each "
@@ -428,8 +431,8 @@ def main() -> int:
                 print(f"   killall.py failed, the recorded wall stands in: {e}")
         faster = killall_ms / med['wall']
         print(f"   vs SGLang killall.py {killall_ms / 1000:.2f} s ({how}): "
-              f"{_ratio(faster)}x faster (goal >= 20x: "
-              f"{'met' if faster >= 20 else 'NOT met'})")
+              f"{_ratio(faster)}x faster (goal >= {GOAL_FASTER}x: "
+              f"{'met' if faster >= GOAL_FASTER else 'NOT met'})")
         print(f"\n3. deciding whom to reap vs `fuser {' '.join(b.device_files()[:3])}...`")
         quiet = decision_cost(b)
         idle = spawn_idle(args.idle)

@@ -14,12 +14,11 @@ SIGTERM) on their own fake GPUs:
                ExecStartPre, ExecStartPost, ExecStopPost): the anchor for what
                any three hook processes cost under this systemd and kernel
                (each is forked and attached to the unit's cgroup before it
-               runs; a cgroup attach waits for an RCU grace period, 5-15 ms
-               on the 2-core VM of 2026-12-04)
-Restarts alternate; the difference of the medians is the hooks' cost
-(DESIGN's goal: < 60 ms; 86 ms on 2026-12-01 before issue 21), printed with
-its 95% bootstrap interval: on a 2-core VM one restart varies by +-40 ms, so
-15 runs place the figure within +-20 ms or so, and --runs 40 halves that.
+               runs, and a cgroup attach waits for an RCU grace period)
+Restarts alternate; the difference of the medians is the hooks' cost, against
+the goal in docs/performance.md (a restart at most 250 ms longer than the
+bare unit's), printed with its 95% bootstrap interval: one restart varies
+a lot on a small machine, and more --runs narrow the interval.
 
     python3 bench/restart_bench.py --here [--runs 15]
 
@@ -33,7 +32,7 @@ as each hook's move into the unit's cgroup, get cheaper; forks and exits
 dearer).  The bench does not switch it: on Linux 6.18 the first switch-on
 leaves the per-threadgroup locking it brings in place until reboot ("per
 threadgroup rwsem mechanism can't be disabled"), so a later "off" is not
-the kernel's state before (bench/results/2026-12-04-restart, ninth pass).
+the kernel's state before.
 """
 
 from __future__ import annotations
@@ -45,6 +44,7 @@ import statistics
 import subprocess
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))      # the tests are a package
@@ -52,9 +52,10 @@ sys.path.insert(0, str(ROOT))      # the tests are a package
 from tests.e2e.e2e_support import (FAKE_GPU_COUNT, FAKE_TABLE,  # noqa: E402
                                    HOOKS_TEST_MARKER, install_fake_gpus, model_toml)
 
-TYPE_CHECKING = False
 if TYPE_CHECKING:
     from tests.e2e.container import Container
+
+GOAL_MS = 250     # docs/performance.md: a restart at most this much longer than the bare unit's
 
 BASELINE = f"""[Unit]
 Description=baseline: the same fake server without infer-units hooks
@@ -294,11 +295,11 @@ def measure(box: Container | Here, runs: int, trace: bool, where: str) -> int:
           f"(min {min(times['noop-hooks']) * 1000:.1f}, "
           f"max {max(times['noop-hooks']) * 1000:.1f})")
     low, high = median_difference_interval(times["hooked"], times["baseline"])
-    verdict = "met" if hooked - base < 60 else "NOT met"
-    if low < 60 <= high:
+    verdict = "met" if hooked - base <= GOAL_MS else "NOT met"
+    if low <= GOAL_MS < high:
         verdict += ", though the interval straddles it: more --runs decide"
     print(f"  added by the hooks: {hooked - base:.1f} ms (95% interval {low:.1f} to "
-          f"{high:.1f} ms; goal < 60 ms: {verdict}); ratio {hooked / base:.2f}")
+          f"{high:.1f} ms; goal <= {GOAL_MS} ms: {verdict}); ratio {hooked / base:.2f}")
     print(f"  added by three no-op hooks: {noop - base:.1f} ms (spawning three processes "
           f"here); the hooks' work beyond that: {hooked - noop:.1f} ms")
     print("  where it goes (medians, systemd's timestamps):   baseline  no-op hooks  "

@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import os
 import socket
-import sys
 import time
 
 from typing import Any
@@ -224,14 +223,3 @@ def run(name: str, poll_s: float = POLL_S, systemd: Any = None,
                     return 0       # systemd restarts (or stops) this watch with the model
         time.sleep(poll_s)
     return 0
-
-
-def main(argv: list[str]) -> int:
-    if len(argv) != 2 or argv[0] != "--model":
-        print("usage: infer-units group-watch --model NAME", file=sys.stderr)
-        return 1
-    return run(argv[1])
-
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))

@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import sys
 from dataclasses import dataclass
+from typing import Callable
 
 import click
 
@@ -49,7 +50,8 @@ def _default(ctx: click.Context, opt: click.Option) -> str:
 def _option(ctx: click.Context, opt: click.Option) -> OptionDoc:
     flags = ", ".join(opt.opts)
     if not opt.is_flag:
-        flags += " " + opt.make_metavar(ctx) if _needs_ctx(opt) else " " + opt.make_metavar()
+        make_metavar: Callable[..., str] = opt.make_metavar      # its signature: see _needs_ctx
+        flags += " " + (make_metavar(ctx) if _needs_ctx(opt) else make_metavar())
     text = " ".join((opt.help or "").split())
     return OptionDoc(flags, text, _default(ctx, opt))
 

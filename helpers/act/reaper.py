@@ -145,6 +145,7 @@ class Reaper:
         # When each set of holders had its SIGTERM (monotonic): the grace runs
         # from there for every member, the ones that appear later included.
         self._termed: dict[str, float] = {}
+        self._confirmed = False     # a look found no holder after a set was signalled
 
     def _attribute(self) -> Attribution:
         return attribute(self.backend, self.gpus, self.own_unit, self.policy.ignore)
@@ -245,9 +246,17 @@ class Reaper:
                                  if policy.foreign == "kill" else [])
                 to_wait = (foreign if policy.foreign == "wait" else []) + stopping
                 if not to_kill and not to_wait:
+                    if self._termed and not self._confirmed:
+                        # A set we signalled may be between a fork and an exit:
+                        # a look lists /proc before it reads each pid's fds, so
+                        # a copy born meanwhile whose parent then left is in
+                        # neither.  Free only when a second look agrees.
+                        self._confirmed = True
+                        continue
                     if self._idle(seen, deadline):
                         continue
                     return
+                self._confirmed = False
                 if policy.dry_run:
                     for h in to_kill:
                         self._signal(pids, h, signal.SIGTERM, h.why)

@@ -561,3 +561,74 @@ def test_a_search_directory_root_linked_elsewhere_is_still_read(public: Path) ->
     etc.symlink_to(real)
     done, out = _generate(public, [etc])
     assert (out / "real.service").exists(), done.stderr
+
+
+RUNS_AWAY = {
+    # On SIGTERM: a grandchild in a session of its own, under another name.
+    "double-fork, setsid, renamed": r"""
+import ctypes, os, signal, sys, time
+held = open(sys.argv[1], "rb")
+def away(*_):
+    if os.fork() == 0:
+        os.setsid()
+        if os.fork() == 0:
+            ctypes.CDLL(None).prctl(15, b"kworker/0:1", 0, 0, 0)    # PR_SET_NAME
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+            while True:
+                time.sleep(0.05)
+        os._exit(0)
+    os._exit(0)
+signal.signal(signal.SIGTERM, away)
+print("ready", flush=True)
+while True:
+    time.sleep(0.05)
+""",
+    # Without end: each process forks the next and leaves, so no pid lasts.
+    "a new pid without end": r"""
+import os, signal, sys, time
+held = open(sys.argv[1], "rb")
+signal.signal(signal.SIGTERM, signal.SIG_IGN)
+print("ready", flush=True)
+devnull = os.open("/dev/null", os.O_WRONLY)
+os.dup2(devnull, 1)
+os.dup2(devnull, 2)
+while True:
+    if os.fork() != 0:
+        os._exit(0)
+    os.setpgid(0, 0)
+""",
+}
+
+
+@pytest.mark.parametrize("how", sorted(RUNS_AWAY))
+def test_a_holder_that_runs_away_is_ended_with_its_copies(attacker, public: Path,
+                                                         how: str) -> None:
+    """A holder leaves its process group and session, changes its name, or
+    forks a new pid without end: the set is its user's processes on the GPU,
+    whatever they call themselves, and it ends before the timeout."""
+    from infer_units.helpers.act.reaper import Reaper, ReapPolicy
+    from infer_units.helpers.facts.gpus import FakeBackend, fd_holders
+    from tests.support import PYTHON, FakeGpus, wait_until
+    gpus = FakeGpus(public / "gpus", count=1)
+    device = str(gpus.devices[0])
+    holder = as_attacker(attacker, PYTHON, "-I", "-c", RUNS_AWAY[how], device)
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "ready"
+        backend = FakeBackend(str(gpus.table))
+        result = Reaper(backend, backend.gpus(), None, ReapPolicy("kill", 0.5, 20.0)).run()
+        assert result.exit_code == 0, (result.message, result.left)
+        assert fd_holders({device}) == {}, "the attacker's copy kept the GPU"
+    finally:
+        # Whatever is left is the attacker's: its own kill(-1) ends all of
+        # it at once (no fork slips through one kill(-1)).
+        subprocess.run(["setpriv", f"--reuid={attacker.pw_uid}", f"--regid={attacker.pw_gid}",
+                        "--clear-groups", "--", "kill", "-KILL", "-1"], timeout=30)
+        holder.communicate(timeout=30)
+        assert wait_until(lambda: not _processes_of(attacker.pw_uid), 30)
+
+
+def _processes_of(uid: int) -> list[int]:
+    """The account's processes, zombies included (init reaps them when it will)."""
+    import psutil
+    return [proc.pid for proc in psutil.process_iter(["uids"])
+            if proc.info["uids"] is not None and proc.info["uids"].real == uid]

@@ -56,6 +56,24 @@ def test_the_drivers_own_record_still_counts(tmp_path: Path) -> None:
     assert Kernel(str(tmp_path)).kernel_log().xids == {"0000:41:00": [79]}
 
 
+@pytest.mark.parametrize("record", [
+    b"4,10,1000,-; NVRM: Xid (PCI:0000:41:00): 79, a leading space\n",
+    b"11,10,1000,-;NVRM: Xid (PCI:0000:41:00): 79, facility user\n",
+    b"28,10,1000,-;NVRM: Xid (PCI:0000:41:00): 79, facility daemon\n",
+    b"x,10,1000,-;NVRM: Xid (PCI:0000:41:00): 79, no priority\n",
+    # A newline inside a message comes escaped (\x0a), never as a record of its own.
+    b"4,10,1000,-;tmpfs: Unknown parameter '\\x0aNVRM: Xid (PCI:0000:41:00): 79'\n",
+    # A continuation line (" KEY=value") carries no message.
+    b"4,10,1000,-;bridge: x\n NVRM: Xid (PCI:0000:41:00): 79, a continuation line\n",
+])
+def test_what_only_looks_like_the_drivers_record_is_no_xid(tmp_path: Path, record: bytes) -> None:
+    """Variants of the class: a leading space, another facility than the
+    kernel's, an escaped newline, a continuation line."""
+    (tmp_path / "dev").mkdir()
+    (tmp_path / "dev/kmsg").write_bytes(record)
+    assert Kernel(str(tmp_path)).kernel_log().xids == {}, record
+
+
 def _kmsg_records() -> list[bytes]:
     fd = os.open("/dev/kmsg", os.O_RDONLY | os.O_NONBLOCK)
     out = []

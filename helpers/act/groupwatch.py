@@ -18,8 +18,10 @@ engine sees):
           elsewhere can take for an established connection: a connection
           from any other address is not a rank, whoever opens and closes
           it (docs/trust.md);
-  worker  its connection to the head's rendezvous; gone means the head went
-          away (restarted, stopped, crashed): this rank was left behind.
+  worker  its connection to the head's rendezvous, a socket of the model's
+          user (another account's connection to the head is not this
+          rank's); gone means the head went away (restarted, stopped,
+          crashed): this rank was left behind.
 
 Then `TryRestartUnit` (the same as liveness: ExecStopPost/ExecStartPre clean
 the GPUs; a worker parks in pre-start until the head forms a new group), and
@@ -33,6 +35,7 @@ restart a model without end by what its rank's watch sees.
 from __future__ import annotations
 
 import os
+import pwd
 import socket
 import time
 
@@ -57,16 +60,19 @@ def _address(hex_address: str) -> tuple[str, int]:
     return socket.inet_ntop(socket.AF_INET, words), int(port, 16)
 
 
-def established(tables: tuple[str, ...] = TABLES) -> list[tuple[tuple[str, int], tuple[str, int]]]:
-    """(local, remote) of every established TCP connection in this network namespace."""
+def established(tables: tuple[str, ...] = TABLES, owner: int | None = None,
+                ) -> list[tuple[tuple[str, int], tuple[str, int]]]:
+    """(local, remote) of every established TCP connection in this network
+    namespace; `owner`: only the sockets of that uid (the kernel's column)."""
     found = []
     for table in tables:
         try:
             with open(table, encoding="ascii") as f:
                 next(f, None)
                 for line in f:
-                    fields = line.split(None, 4)
-                    if len(fields) > 3 and fields[3] == ESTABLISHED:
+                    fields = line.split(None, 8)
+                    if len(fields) > 7 and fields[3] == ESTABLISHED and (
+                            owner is None or fields[7] == str(owner)):
                         found.append((_address(fields[1]), _address(fields[2])))
         except OSError:
             continue
@@ -203,12 +209,18 @@ def run(name: str, poll_s: float = POLL_S, systemd: Any = None,
     what = (f"rank 0: the ranks connected to port {nodes.addr_port}" if nodes.is_head
             else f"rank {nodes.rank}: its connection to the head's rendezvous {nodes.addr}")
     print(f"<6>{unit}: watching {what}", flush=True)
+    # A worker's own connection to the head is its server's socket, owned by
+    # the model's user: another account on this host that keeps a connection
+    # of its own to the head's rendezvous must not hide the head's leaving.
+    # (The head's accepted sockets are all its server's: there a rank is
+    # known by its host's address.)
+    owner = None if nodes.is_head else pwd.getpwnam(model.user or "root").pw_uid
     watch = Watch(nodes.count - 1 if nodes.is_head else 1)
     n = 0
     while looks is None or n < looks:
         n += 1
-        gone = watch.look(group_peers(nodes.is_head, nodes.addr_port, head_addrs, established(),
-                                      ranks=ranks))
+        gone = watch.look(group_peers(nodes.is_head, nodes.addr_port, head_addrs,
+                                      established(owner=owner), ranks=ranks))
         if gone:
             state = systemd.model_state(unit)
             if state is None or not state.serving:

@@ -438,6 +438,46 @@ def test_a_connection_that_is_not_a_rank_restarts_nothing_and_restarts_count(
 
 
 
+def test_another_accounts_connection_to_the_head_does_not_hide_its_leaving(
+        attacker, netns: list[str], tmp_path: Path) -> None:
+    """On a worker's host, any account can keep a connection of its own to
+    the head's rendezvous: the worker's watch took it for its rank's, and a
+    head that restarted left the worker hanging in a dead group."""
+    from tests.support import PYTHON
+    config, state = tmp_path / "etc", tmp_path / "state"
+    config.mkdir()
+    (config / "mn.toml").write_text(GROUP_MODEL.format(state=state).replace("rank = 0",
+                                                                            "rank = 1"))
+    rendezvous = subprocess.Popen([*netns, PYTHON, "-c", (
+        "import socket, time\n"
+        "s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)\n"
+        f"s.bind(('{HEAD_IP}', {RDV_PORT})); s.listen(64); print('up', flush=True)\n"
+        "kept = []\n"
+        "while True:\n    kept.append(s.accept()[0])\n")], text=True, stdout=subprocess.PIPE)
+    rank = outsider = None
+    try:
+        assert rendezvous.stdout is not None and rendezvous.stdout.readline().strip() == "up"
+        rank = subprocess.Popen([*netns, PYTHON, "-c", HOLD_RANK, RANK_IP], text=True,
+                                stdout=subprocess.PIPE)      # the model's user: root here
+        outsider = subprocess.Popen([*netns, "setpriv", f"--reuid={attacker.pw_uid}",
+                                     f"--regid={attacker.pw_gid}", "--clear-groups", PYTHON,
+                                     "-I", "-c", HOLD_RANK, RANK_IP], text=True,
+                                    stdout=subprocess.PIPE)
+        for p in (rank, outsider):
+            assert p.stdout is not None and p.stdout.readline().strip() == "joined"
+        watch = _watch(netns, config, 40)
+        # The rank's own connection goes (the head restarted, say); the outsider's stays.
+        rank.kill()
+        rank.wait()
+        out, err = watch.communicate(timeout=60)
+        assert _asked(out) == ["try_restart mn.service"], out + err
+    finally:
+        for p in (rendezvous, rank, outsider):
+            if p is not None:
+                p.kill()
+                p.wait()
+
+
 RSS_OF_CHILD = r"""
 import resource, subprocess, sys
 done = subprocess.run(sys.argv[1:], capture_output=True)

@@ -9,6 +9,7 @@ from typing import Any
 
 import click
 
+from ..die import die
 from ..exitcodes import CLEAN, CONFIG_ERROR
 from ..jsonout import echo_json
 from .options import complete_model_names
@@ -40,8 +41,7 @@ def render(names: tuple[str, ...], output: str | None, as_json: bool) -> None:
         try:
             out_dir = ensure_dir(output)     # checked, 0755 when made (atomicfile.py)
         except OSError as e:
-            click.echo(f"error: {output}: cannot create: {e.strerror}", err=True)
-            sys.exit(CONFIG_ERROR)
+            die(f"{output}: cannot create: {e.strerror or e}")
     failed: list[str] = []
     units: list[dict[str, Any]] = []
     for model in loaded.models:

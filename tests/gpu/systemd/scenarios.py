@@ -189,7 +189,8 @@ def alive(pid: int) -> bool:
 
 
 class Sampler:
-    """Used memory of every GPU, as fast as NVML answers (~0.1 ms a query)."""
+    """Used memory of every GPU, as fast as NVML answers (docs/performance.md
+    has what a query costs)."""
 
     def __init__(self, period: float = 0.002) -> None:
         self.period = period

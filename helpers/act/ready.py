@@ -62,6 +62,36 @@ def accepts(address: str, port: int) -> bool:
         return s.connect_ex((address, port)) == 0
 
 
+def _stranger_on(port: int, pid: int | None) -> str | None:
+    """Who holds `port` that is not the server: neither in this hook's service
+    (the unit's cgroup, where ExecStartPost runs) nor the server `pid` or a
+    process below it.  None when all are the server's, or when that cannot
+    be told (no service and no pid; a holder out of sight)."""
+    from ..decide.identity import in_unit
+    from ..facts.ports import port_users
+    from ..facts.procinfo import read_cgroup, read_stat, unit_of_cgroup
+    unit = unit_of_cgroup(read_cgroup(os.getpid()))
+    if unit is not None and not unit.endswith(".service"):
+        unit = None             # a session's scope or a slice is no service of ours
+    if unit is None and not pid:
+        return None
+    for info, how in port_users(port) or []:
+        if unit is not None and in_unit(info.cgroup, unit):
+            continue
+        below, up = False, info.pid
+        for _ in range(64):     # the parent chain, bounded
+            if up == pid:
+                below = True
+                break
+            stat = read_stat(up)
+            if stat is None or stat[1] <= 1:
+                break
+            up = stat[1]
+        if not below:
+            return f"{info.describe()} ({how})"
+    return None
+
+
 def _kill_loading_server(pidfd: int, pid: int, say: Callable[[str], None]) -> None:
     """The unit is stopped before the server became ready: it has nothing to
     drain, and it may ignore SIGTERM while it loads (vLLM did at 20-25 s into
@@ -146,6 +176,11 @@ def wait_ready(url: str, pid: int | None, timeout: float, interval: float,
                 fast = time.monotonic() - started < LISTEN_FAST_FOR_S
                 wait_s = LISTEN_FAST_POLL_S if fast else LISTEN_POLL_S
             elapsed = time.monotonic() - started
+            if ok and local is not None and (stranger := _stranger_on(local[1], pid)):
+                # Anyone may listen on the port while the server loads: a 2xx
+                # from them is not the server's health (docs/trust.md).
+                ok, last = False, f"{last} from {stranger}, not this server's"
+                session.close()
             if ok:
                 ready = True         # from here on a SIGTERM is the server's to drain
                 progress.done(f"{url} answered {last} after {elapsed:.1f}s")

@@ -233,6 +233,60 @@ def test_a_redirect_is_bounded_by_the_probes_deadline_and_stays_on_its_origin(
         server.communicate()
 
 
+ANSWERS_200 = r"""
+import socket, sys
+listener = socket.socket()
+listener.bind(("127.0.0.1", 0))
+listener.listen(16)
+print(listener.getsockname()[1], flush=True)
+while True:
+    conn, _ = listener.accept()
+    conn.recv(4096)
+    conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n")
+    conn.close()
+"""
+
+
+def test_a_strangers_listener_on_the_models_port_is_not_its_readiness(attacker) -> None:
+    """While the server loads (minutes, before it binds its port), any
+    account can listen on the model's port and answer 200: wait-ready took
+    that for the server's health and the unit turned active with its server
+    still loading (and liveness then probed the stranger)."""
+    from infer_units.helpers.act.ready import wait_ready
+    from tests.support import PYTHON
+    stranger = as_attacker(attacker, PYTHON, "-I", "-c", ANSWERS_200)
+    server = subprocess.Popen(["sleep", "60"])          # the model's server, loading
+    try:
+        assert stranger.stdout is not None
+        port = int(stranger.stdout.readline())
+        result = wait_ready(f"http://127.0.0.1:{port}/health", server.pid, 2.0, 0.1)
+        assert not result.ready, result
+        assert f"pid {stranger.pid}" in result.reason and "not this server's" in result.reason, \
+            result
+    finally:
+        for p in (stranger, server):
+            p.kill()
+            p.communicate()
+
+
+def test_the_servers_own_listener_below_it_is_its_readiness() -> None:
+    """The listener is the server's when it is the server or a process below
+    it (TGI's router, a shell that runs the server)."""
+    from infer_units.helpers.act.ready import wait_ready
+    from tests.support import PYTHON
+    server = subprocess.Popen(["sh", "-c", '"$0" -I -c "$1"; exit 0', PYTHON, ANSWERS_200],
+                              text=True, stdout=subprocess.PIPE)
+    try:
+        assert server.stdout is not None
+        port = int(server.stdout.readline())
+        result = wait_ready(f"http://127.0.0.1:{port}/health", server.pid, 10.0, 0.1)
+        assert result.ready, result
+    finally:
+        subprocess.run(["pkill", "-KILL", "-P", str(server.pid)])    # the listener below it
+        server.kill()
+        server.communicate()
+
+
 # ------------------------------------------------------------------ 8: bounded reads
 
 FLOOD = """#!/bin/sh

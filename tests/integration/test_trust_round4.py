@@ -451,11 +451,14 @@ def _watch(enter: list[str], config: Path, looks: int) -> subprocess.Popen[str]:
     return watch
 
 
+@pytest.mark.parametrize("source", [OUTSIDER_IP, "127.0.0.2", RANK_IP])
 def test_a_connection_that_is_not_a_rank_restarts_nothing_and_restarts_count(
-        attacker, netns: list[str], tmp_path: Path) -> None:
+        attacker, netns: list[str], tmp_path: Path, source: str) -> None:
     """Anyone who opened and closed a connection to a multi-node model's
     rendezvous port from a non-loopback address made the head restart the
-    model, as often as they liked, and those restarts never met the cap."""
+    model, as often as they liked, and those restarts never met the cap.
+    Also from a loopback alias, and from the rank's own host address (a
+    user on the rank's host) while the rank stays connected."""
     from tests.support import PYTHON
     config, state = tmp_path / "etc", tmp_path / "state"
     config.mkdir()
@@ -475,7 +478,7 @@ def test_a_connection_that_is_not_a_rank_restarts_nothing_and_restarts_count(
         watch = _watch(netns, config, 60)
         outsider = subprocess.Popen([*netns, "setpriv", f"--reuid={attacker.pw_uid}",
                                      f"--regid={attacker.pw_gid}", "--clear-groups", PYTHON,
-                                     "-I", "-c", CONNECT, OUTSIDER_IP, "3"])
+                                     "-I", "-c", CONNECT, source, "3"])
         outsider.wait(timeout=30)
         out, err = watch.communicate(timeout=60)
         assert not _asked(out), out + err

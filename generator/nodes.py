@@ -14,11 +14,13 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .errors import ConfigError
-from .loader import MergedConfig
 from .urls import bracketed, check_host, parse_host_port
+
+if TYPE_CHECKING:      # an annotation only: the hooks import this module, not the loader
+    from .loader import MergedConfig
 
 # Engines with a multi-node runtime of their own; TensorRT-LLM needs an MPI
 # launcher, TGI and llama.cpp have none.

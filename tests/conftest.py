@@ -50,6 +50,10 @@ def pytest_configure(config: pytest.Config) -> None:
         # pytest's own numbered directories would outlive the session
         config.option.basetemp = str(session / "pytest")
     config.stash[SESSION_TMP] = session
+    # A SIGTERM (`timeout`, CI's cancel) ends the run as Ctrl-C does: the
+    # fixtures' teardowns (containers, processes, the attacker account) and
+    # this directory's removal still run.
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:

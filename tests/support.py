@@ -4,10 +4,12 @@ fake GPU tables, and start real processes that hold fake GPU files.
 
 from __future__ import annotations
 
+import atexit
 import functools
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -43,6 +45,8 @@ def code_copy() -> Path:
     a session in the session's temporary directory, which tests/conftest.py
     removes at the end; the tests' own process imports the checkout."""
     top = Path(tempfile.mkdtemp(prefix="infer-units-code-"))
+    # Gone with the process too where no session removes it (a bench script).
+    atexit.register(shutil.rmtree, top, ignore_errors=True)
     skip = shutil.ignore_patterns("__pycache__")
     # Symlinks followed: infer_units/ links to the card's folders, as installed.
     shutil.copytree(ROOT / "infer_units", top / "infer_units", ignore=skip)
@@ -143,6 +147,7 @@ class Holder:
 
     def __init__(self, devices: list[Path], mode: str = "plain", argv0: str | None = None,
                  exe: str | None = None, exe_uid: int = 0) -> None:
+        self.devices = list(devices)
         argv = [PYTHON, "-c", HOLDER, mode, ",".join(str(d) for d in devices)]
         if exe:
             # Run a copy of the interpreter named `exe`, owned by exe_uid
@@ -173,6 +178,29 @@ class Holder:
         if self.alive():
             self.proc.kill()
             self.proc.wait()
+        # Its "orphans" workers left its session: whatever still holds one of
+        # its device files (the test's own, under its tmp_path) is one of them.
+        held = {str(d) for d in self.devices}
+        for pid in holders_of(held):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
+def holders_of(paths: set[str]) -> list[int]:
+    """The pids with one of `paths` open."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            if any(os.readlink(f"/proc/{entry}/fd/{fd}") in paths
+                   for fd in os.listdir(f"/proc/{entry}/fd")):
+                found.append(int(entry))
+        except OSError:
+            continue          # gone meanwhile, or not ours to read
+    return found
 
 
 def wait_until(predicate: Callable[[], object], timeout: float = 10.0, step: float = 0.02,

@@ -1,14 +1,21 @@
 """The one HTTP health probe: readiness (wait-ready), liveness, status and the
 multi-node worker all ask a server's health through it, on a URL read by the
 one parser (generator/urls.py), so a URL means the same request everywhere.
+HTTP itself is the standard library's http.client.
 
-Healthy is a 2xx status line within the timeout, judged after redirects; a
-2xx's body is not read (SGLang's /health sends its status only after
-generating a token).  The timeout is one deadline for the whole exchange:
-the name's lookup, the connect, TLS, every redirect and every byte, since
-the listener on a model's port is not necessarily the model
-(docs/trust.md).  For the same reason a redirect is followed only within
-the URL's own origin (scheme, host and port).
+Healthy is a 2xx status within the timeout, judged after redirects; a 2xx's
+body is not read (SGLang's /health sends its status only after generating a
+token).  The timeout is one deadline for the whole exchange: the connect,
+TLS, every redirect and every byte, since the listener on a model's port is
+not necessarily the model (docs/trust.md).  http.client's own timeout is per
+socket operation, so a listener that trickles its answer a byte at a time
+would hold it for ever; hence the exchange runs in a thread of its own, the
+caller waits for it until the deadline, and then cuts the connection in
+flight (a shutdown wakes a blocked read or TLS handshake at once) and stops
+the thread from opening another.  A name's lookup takes no timeout: one that
+outlives the deadline is left to end on its own, and what it would connect
+to is closed unasked.  For the same reason a redirect is followed only
+within the URL's own origin (scheme, host and port).
 
 A waiter that asks again and again (wait-ready, while a server answers 503)
 keeps one plain-http connection open between its requests (`Session`): a
@@ -17,13 +24,14 @@ CPU (docs/performance.md)."""
 
 from __future__ import annotations
 
+import http.client
 import socket
 import threading
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 
-from ...generator.urls import Url, is_ipv6, parse_url
+from ...generator.urls import Url, parse_url
+
 
 @dataclass(frozen=True)
 class Answer:
@@ -32,26 +40,113 @@ class Answer:
     seconds: float
 
 
-# A kept connection reads a non-2xx answer's body to its end to reuse it;
-# a longer one (or one without a length) ends the connection instead.
+# A kept connection reads a non-2xx answer's body to its end to reuse it; a
+# longer one (or one without a length) ends the connection instead.  The
+# rest comes with the status line from any server we know; one that dawdles
+# costs the connection, not the waiter's next probe.
 _KEPT_BODY_MAX = 65536
 _REST_WAIT_S = 0.1
-# The most redirects followed (urllib's own limit) and the most bytes of a
-# status line and headers read.
+# The most redirects followed (urllib's own limit).
 MAX_REDIRECTS = 10
-_HEAD_MAX = 65536
-
-Left = Callable[[], float]
 
 
 class _Refused(Exception):
     """An answer that is not a health answer: the message says why."""
 
 
+class _Cut(Exception):
+    """The caller's deadline passed: this exchange ends unheard."""
+
+
 def http_probe(url: str | Url, timeout: float, body: str | None = None) -> Answer:
     """GET url (POST `body`, JSON, when given: the one-token completion of
     [liveness] probe = "generate"), on a connection of its own."""
     return Session(url, keep=False).probe(timeout, body)
+
+
+@dataclass
+class _Outcome:
+    ok: bool
+    text: str
+    kept: http.client.HTTPConnection | None     # to ask on next time
+
+
+class _Line:
+    """One probe's connection in flight, shared by the caller and the thread
+    that runs the exchange: the caller cuts it at the deadline; the thread
+    registers each connection before it uses it and hands over its outcome,
+    both under the lock, so once cut no connection stays open and no
+    outcome is taken."""
+
+    def __init__(self, timeout: float) -> None:
+        self.timeout = timeout
+        self.deadline = time.monotonic() + timeout
+        self.lock = threading.Lock()
+        self.cut = False
+        self.conn: http.client.HTTPConnection | None = None
+        self.outcome: _Outcome | BaseException | None = None
+
+    def left(self) -> float:
+        remaining = self.deadline - time.monotonic()
+        if remaining <= 0:
+            raise TimeoutError()
+        return remaining
+
+    def open(self, url: Url) -> http.client.HTTPConnection:
+        """A new connection to url's origin, connected (TLS included)."""
+        conn: http.client.HTTPConnection
+        if url.scheme == "https":
+            # http.client has loaded ssl already; its default context is
+            # what verifies the server's certificate and name.
+            import ssl
+            conn = http.client.HTTPSConnection(url.host, url.port, timeout=self.left(),
+                                               context=ssl.create_default_context())
+        else:
+            conn = http.client.HTTPConnection(url.host, url.port, timeout=self.left())
+        self.use(conn)
+        conn.connect()
+        self.use(conn)          # cut while it connected: closed here
+        return conn
+
+    def use(self, conn: http.client.HTTPConnection) -> None:
+        """conn is the connection in flight (its reads bounded by the
+        deadline as well); none once the caller cut the exchange."""
+        with self.lock:
+            if self.cut:
+                conn.close()
+                raise _Cut()
+            self.conn = conn
+        if conn.sock is not None:
+            conn.sock.settimeout(self.left())
+
+    def close(self, conn: http.client.HTTPConnection) -> None:
+        with self.lock:
+            conn.close()
+            if self.conn is conn:
+                self.conn = None
+
+    def hand_over(self, outcome: _Outcome | BaseException) -> None:
+        """The thread's last step: the outcome, unless the caller gave up."""
+        with self.lock:
+            if not self.cut:
+                self.outcome = outcome
+                return
+        if isinstance(outcome, _Outcome) and outcome.kept is not None:
+            outcome.kept.close()
+
+    def take_or_cut(self) -> _Outcome | BaseException | None:
+        """The caller's last step: the outcome if the thread handed it over,
+        else cut the connection in flight and return None."""
+        with self.lock:
+            if self.outcome is not None:
+                return self.outcome
+            self.cut = True
+            if self.conn is not None and self.conn.sock is not None:
+                try:
+                    self.conn.sock.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass            # closed meanwhile: nothing left to cut
+            return None
 
 
 class Session:
@@ -62,242 +157,150 @@ class Session:
     def __init__(self, url: str | Url, keep: bool = True) -> None:
         self.url = url
         self.keep = keep
-        self.sock: socket.socket | None = None
+        self.conn: http.client.HTTPConnection | None = None
 
     def close(self) -> None:
-        if self.sock is not None:
-            self.sock.close()
-            self.sock = None
+        if self.conn is not None:
+            self.conn.close()
+            self.conn = None
 
     def probe(self, timeout: float, body: str | None = None) -> Answer:
         started = time.monotonic()
-        deadline = started + timeout
-
-        def left() -> float:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                raise socket.timeout()
-            return remaining
-
-        def answer(ok: bool, text: str) -> Answer:
-            return Answer(ok, text, time.monotonic() - started)
-
+        line = _Line(timeout)
+        kept, self.conn = self.conn, None       # the thread's until it hands it back
+        worker = threading.Thread(target=self._run, args=(line, kept, body), daemon=True,
+                                  name="infer-units probe")
+        outcome: _Outcome | BaseException | None = None
         try:
-            url = self.url if isinstance(self.url, Url) else parse_url(self.url)
-            for hop in range(MAX_REDIRECTS + 1):
-                if hop == 0 and url.scheme == "http" and self.keep and body is None:
-                    code, head = self._kept_exchange(url, left)
-                else:
-                    code, head = _exchange(url, body, left)
-                if not 300 <= code < 400:
-                    return answer(200 <= code < 300, f"HTTP {code}")
-                url = _redirect(url, _location(head, code))
+            worker.start()
+            worker.join(timeout)
+        finally:
+            # Also when a signal handler raised meanwhile (wait-ready's stop):
+            # nothing of this exchange outlives the caller's wait.
+            outcome = line.take_or_cut()
+        seconds = time.monotonic() - started
+        if outcome is None:
+            return Answer(False, f"no answer within {timeout:g}s", seconds)
+        if isinstance(outcome, BaseException):
+            raise outcome
+        self.conn = outcome.kept
+        return Answer(outcome.ok, outcome.text, seconds)
+
+    def _run(self, line: _Line, kept: http.client.HTTPConnection | None,
+             body: str | None) -> None:
+        """The exchange, in the probe's own thread: every way it can end
+        becomes the outcome's text."""
+        outcome: _Outcome | BaseException
+        try:
+            outcome = self._exchange(line, kept, body)
+        except _Cut:
+            return
+        except TimeoutError:
+            outcome = _Outcome(False, f"no answer within {line.timeout:g}s", None)
+        except http.client.RemoteDisconnected:
+            outcome = _Outcome(False, "closed the connection without an answer", None)
+        except (http.client.BadStatusLine, http.client.UnknownProtocol):
+            outcome = _Outcome(False, "not HTTP", None)
+        except http.client.HTTPException as e:     # a line too long, too many headers
+            outcome = _Outcome(False, f"a head without an end ({e})", None)
+        except (_Refused, ValueError) as e:
+            outcome = _Outcome(False, str(e), None)
+        except OSError as e:     # ssl.SSLError included
+            reason = getattr(e, "reason", None)     # an ssl.SSLError's
+            outcome = _Outcome(False, f"TLS: {reason}" if reason else e.strerror or str(e), None)
+        except Exception as e:      # a bug, not an answer: raised in the caller's thread
+            outcome = e
+        finally:
+            with line.lock:
+                conn, line.conn = line.conn, None
+            if conn is not None:
+                conn.close()            # whatever is kept was handed back as kept
+        line.hand_over(outcome)
+
+    def _exchange(self, line: _Line, kept: http.client.HTTPConnection | None,
+                  body: str | None) -> _Outcome:
+        url = self.url if isinstance(self.url, Url) else parse_url(self.url)
+        keeping = self.keep and url.scheme == "http" and body is None
+        if kept is not None and not keeping:
+            kept.close()
+            kept = None
+        for hop in range(MAX_REDIRECTS + 1):
+            if hop == 0 and keeping:
+                conn, response = _ask_kept(line, kept, url)
+            else:
+                conn = line.open(url)
+                response = _ask(conn, url, body, keep=False)
+            code = response.status
+            if 300 <= code < 400:
+                location = response.getheader("Location")
+                line.close(conn)
+                if location is None:
+                    raise _Refused(f"HTTP {code} without a Location")
+                url = _redirect(url, location)
                 if code not in (307, 308):
                     body = None         # 301, 302, 303: the next request is a GET
-            return answer(False, f"more than {MAX_REDIRECTS} redirects")
-        except socket.timeout:
-            self.close()
-            return answer(False, f"no answer within {timeout:g}s")
-        except (_Refused, ValueError) as e:
-            self.close()
-            return answer(False, str(e))
-        except OSError as e:     # ssl.SSLError included
-            self.close()
-            reason = getattr(e, "reason", None)     # an ssl.SSLError's
-            return answer(False, f"TLS: {reason}" if reason else e.strerror or str(e))
-
-    def _kept_exchange(self, url: Url, left: Left) -> tuple[int, bytes]:
-        """The first request on the kept connection (opened when missing, or
-        again once when the server closed it while we slept)."""
-        request = _request(url, None, keep=True)
-        if self.sock is not None and not _idle(self.sock):
-            self.close()            # bytes no request of ours asked for, or closed
-        reused = self.sock is not None
-        if self.sock is None:
-            self.sock = _connect(url, left)
-        try:
-            data = _send_and_read_status(self.sock, request, left)
-        except socket.timeout:
-            raise                   # slow, not gone: asking again would not help
-        except OSError:
-            if not reused:
-                raise
-            data = b""
-        if not data and reused:
-            # A GET: asking again on a new connection changes nothing.
-            self.close()
-            self.sock = _connect(url, left)
-            data = _send_and_read_status(self.sock, request, left)
-        code, version = _status(data)
-        if 300 <= code < 400:
-            data = _read_head(self.sock, data, left)
-            self.close()
-        elif not 200 <= code < 300:
-            self._finish(data, version, left)
-        else:
-            self.close()
-        return code, data
-
-    def _finish(self, data: bytes, version: bytes, left: Left) -> None:
-        """Read the rest of a non-2xx answer so the connection can carry the
-        next request; close it where that cannot be known or is not allowed.
-        Whatever happens here, the answer's status stands."""
-        sock = self.sock
-        assert sock is not None
-        # The rest comes with the status line from any server we know; one
-        # that dawdles costs the connection, not the waiter's next probe.
-        until = min(time.monotonic() + _REST_WAIT_S, time.monotonic() + left())
-
-        def left_rest() -> float:
-            remaining = until - time.monotonic()
-            if remaining <= 0:
-                raise socket.timeout()
-            return remaining
-        try:
-            data = _read_head(sock, data, left_rest, _KEPT_BODY_MAX)
-            head, _, rest = data.partition(b"\r\n\r\n")
-            length: int | None = None
-            persistent = version == b"HTTP/1.1"
-            for line in head.split(b"\r\n")[1:]:
-                name, _, value = line.partition(b":")
-                name, value = name.strip().lower(), value.strip().lower()
-                if name == b"content-length":
-                    if not value.isdigit() or (length is not None and length != int(value)):
-                        raise OSError("an unclear length")
-                    length = int(value)
-                elif name == b"transfer-encoding":
-                    length = None
-                    break
-                elif name == b"connection":
-                    persistent = value == b"keep-alive" if version != b"HTTP/1.1" else value != b"close"
-            if length is None or not persistent or length > _KEPT_BODY_MAX:
-                raise OSError("not reusable")
-            while len(rest) < length:
-                sock.settimeout(left_rest())
-                chunk = sock.recv(min(65536, length - len(rest)))
-                if not chunk:
-                    raise OSError("closed")
-                rest += chunk
-            if len(rest) != length:
-                raise OSError("more than the answer")   # pipelined bytes: not ours to guess
-        except (OSError, _Refused):
-            self.close()
+                continue
+            ok = 200 <= code < 300
+            reusable = keeping and hop == 0 and not ok and _read_rest(line, conn, response)
+            if reusable:
+                with line.lock:
+                    line.conn = None        # handed back, not in flight
+                return _Outcome(False, f"HTTP {code}", conn)
+            line.close(conn)
+            return _Outcome(ok, f"HTTP {code}", None)
+        return _Outcome(False, f"more than {MAX_REDIRECTS} redirects", None)
 
 
-def _request(url: Url, body: str | None, keep: bool) -> bytes:
-    payload = body.encode("utf-8") if body is not None else b""
-    extra = (f"Content-Type: application/json\r\nContent-Length: {len(payload)}\r\n"
-             if body is not None else "")
-    connection = "" if keep else "Connection: close\r\n"
-    return (f"{'POST' if body is not None else 'GET'} {url.target} HTTP/1.1\r\n"
-            f"Host: {url.authority}\r\nUser-Agent: infer-units\r\n"
-            f"Accept: */*\r\n{extra}{connection}\r\n").encode("ascii") + payload
+def _ask(conn: http.client.HTTPConnection, url: Url, body: str | None,
+         keep: bool) -> http.client.HTTPResponse:
+    """Send the request; the answer's status and headers (its body unread)."""
+    headers = {"Host": url.authority, "User-Agent": "infer-units", "Accept": "*/*"}
+    if not keep:
+        headers["Connection"] = "close"
+    payload = None
+    if body is not None:
+        headers["Content-Type"] = "application/json"
+        payload = body.encode("utf-8")
+    conn.request("GET" if body is None else "POST", url.target, body=payload, headers=headers)
+    return conn.getresponse()
 
 
-def _exchange(url: Url, body: str | None, left: Left) -> tuple[int, bytes]:
-    """One request on a connection of its own: the status and what was read
-    of the head (all of it for a redirect)."""
-    sock = _connect(url, left)
+def _ask_kept(line: _Line, kept: http.client.HTTPConnection | None,
+              url: Url) -> tuple[http.client.HTTPConnection, http.client.HTTPResponse]:
+    """A GET on the kept connection (opened when missing, or again once when
+    the server closed it while we slept)."""
+    if kept is not None and (kept.sock is None or not _idle(kept.sock)):
+        kept.close()            # bytes no request of ours asked for, or closed
+        kept = None
+    if kept is None:
+        conn = line.open(url)
+        return conn, _ask(conn, url, None, keep=True)
+    line.use(kept)
     try:
-        data = _send_and_read_status(sock, _request(url, body, keep=False), left)
-        code, _version = _status(data)
-        if 300 <= code < 400:
-            data = _read_head(sock, data, left)
-        return code, data
-    finally:
-        sock.close()
+        return kept, _ask(kept, url, None, keep=True)
+    except (http.client.RemoteDisconnected, ConnectionResetError, BrokenPipeError):
+        # Closed by the server meanwhile (a slow answer is a timeout, not
+        # this).  A GET: asking again on a new connection changes nothing.
+        line.close(kept)
+    conn = line.open(url)
+    return conn, _ask(conn, url, None, keep=True)
 
 
-def _addresses(url: Url, left: Left) -> list[tuple[int, tuple[object, ...]]]:
-    """Where to connect: an address as it is; a name looked up in a thread,
-    since getaddrinfo() takes no timeout (a lookup that outlives the
-    deadline is left to end on its own)."""
-    if url.host.replace(".", "").isdigit() or is_ipv6(url.host):
-        family = socket.AF_INET6 if ":" in url.host else socket.AF_INET
-        return [(family, (url.host, url.port))]
-    found: list[list[tuple[int, tuple[object, ...]]]] = []
-    failed: list[OSError] = []
-
-    def look_up() -> None:
-        try:
-            found.append([(info[0], info[4]) for info in socket.getaddrinfo(
-                url.host, url.port, type=socket.SOCK_STREAM)])
-        except OSError as e:
-            failed.append(e)
-    lookup = threading.Thread(target=look_up, daemon=True)
-    lookup.start()
-    lookup.join(left())
-    if failed:
-        raise failed[0]
-    if not found:
-        raise socket.timeout()
-    return found[0]
-
-
-def _connect(url: Url, left: Left) -> socket.socket:
-    error: OSError = OSError(f"{url.host}: no address")
-    for family, address in _addresses(url, left):
-        sock = socket.socket(family, socket.SOCK_STREAM)
-        try:
-            sock.settimeout(left())
-            sock.connect(address)
-            if url.scheme == "https":
-                import ssl      # here: a plain-http waiter never loads OpenSSL
-                context = ssl.create_default_context()
-                sock.settimeout(left())     # the handshake, all of it, within this
-                return context.wrap_socket(sock, server_hostname=url.host)
-            return sock
-        except socket.timeout:
-            sock.close()
-            raise
-        except OSError as e:
-            sock.close()
-            error = e
-    raise error
-
-
-def _send_and_read_status(sock: socket.socket, request: bytes, left: Left) -> bytes:
-    """Send the request; what came back up to the status line's end."""
-    sock.settimeout(left())
-    sock.sendall(request)
-    data = b""
-    while b"\r\n" not in data and len(data) < 4096:
-        sock.settimeout(left())
-        chunk = sock.recv(4096)
-        if not chunk:
-            break
-        data += chunk
-    return data
-
-
-def _status(data: bytes) -> tuple[int, bytes]:
-    """The status code and HTTP version of the status line in `data`."""
-    head_end = data.find(b"\r\n")
-    words = data[:head_end if head_end >= 0 else len(data)].split()
-    if len(words) < 2 or not words[0].startswith(b"HTTP/") or not words[1].isdigit():
-        raise _Refused("closed the connection without an answer" if not data else "not HTTP")
-    return int(words[1]), words[0]
-
-
-def _read_head(sock: socket.socket, data: bytes, left: Left, limit: int = _HEAD_MAX) -> bytes:
-    """`data` read on to the end of the head (status line and headers)."""
-    while b"\r\n\r\n" not in data:
-        if len(data) >= limit:
-            raise _Refused("a head without an end")
-        sock.settimeout(left())
-        chunk = sock.recv(4096)
-        if not chunk:
-            raise _Refused("closed the connection in the middle of an answer")
-        data += chunk
-    return data
-
-
-def _location(head: bytes, code: int) -> str:
-    for line in head.partition(b"\r\n\r\n")[0].split(b"\r\n")[1:]:
-        name, _, value = line.partition(b":")
-        if name.strip().lower() == b"location":
-            return value.strip().decode("ascii", errors="replace")
-    raise _Refused(f"HTTP {code} without a Location")
+def _read_rest(line: _Line, conn: http.client.HTTPConnection,
+               response: http.client.HTTPResponse) -> bool:
+    """Read the rest of a non-2xx answer so the connection can carry the
+    next request: False where that cannot be known or is not allowed (the
+    connection is then closed).  Whatever happens here, the status stands."""
+    lengths = set(response.headers.get_all("Content-Length") or [])
+    if response.will_close or response.length is None or len(lengths) != 1 \
+            or response.length > _KEPT_BODY_MAX or conn.sock is None:
+        return False
+    try:
+        conn.sock.settimeout(min(_REST_WAIT_S, line.left()))
+        response.read()
+    except (http.client.HTTPException, OSError):
+        return False
+    return True
 
 
 def _redirect(url: Url, location: str) -> Url:

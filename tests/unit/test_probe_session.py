@@ -9,9 +9,12 @@ allows it."""
 from __future__ import annotations
 
 import os
+import select
+import signal
 import socket
 import tempfile
 import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
@@ -136,7 +139,7 @@ def test_a_loading_server_is_asked_on_one_connection(server: Server) -> None:
     session = Session(f"http://127.0.0.1:{server.port}/health")
     texts = [session.probe(5.0).text for _ in range(6)]
     assert texts == ["HTTP 503"] * 5 + ["HTTP 200"]
-    assert server.script.connections == 1 and session.sock is None   # a 2xx ends it
+    assert server.script.connections == 1 and session.conn is None   # a 2xx ends it
 
 
 def test_a_kept_connection_the_server_closed_meanwhile_is_opened_again(server: Server) -> None:
@@ -180,4 +183,182 @@ def test_a_body_that_never_comes_leaves_the_status_standing() -> None:
         session.close()
         for conn in held:
             conn.close()
+        listener.close()
+
+
+# ------------------------------------------------------------------ the deadline
+
+class Trickler:
+    """A listener that answers every request a byte at a time (each recv()
+    quick, the answer never whole) and records when the probe's side of a
+    connection was closed: an orphaned exchange would keep it open."""
+
+    def __init__(self, redirect: bool = False) -> None:
+        self.listener = socket.socket()
+        self.listener.bind(("127.0.0.1", 0))
+        self.listener.listen(8)
+        self.port = self.listener.getsockname()[1]
+        self.redirect = redirect
+        self.accepted = 0
+        self.closed = threading.Semaphore(0)
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                conn, _ = self.listener.accept()
+            except OSError:
+                return
+            self.accepted += 1
+            threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
+
+    def _serve(self, conn: socket.socket) -> None:
+        with conn:
+            request = conn.recv(4096)
+            if self.redirect and request.startswith(b"GET /health "):
+                conn.sendall(b"HTTP/1.1 302 Found\r\nLocation: /slow\r\nContent-Length: 0\r\n\r\n")
+            answer = b"HTTP/1.1 200 OK\r\n" + b"X-Slow: " + b"x" * 4000
+            for byte in answer:
+                try:
+                    conn.sendall(bytes([byte]))
+                except OSError:
+                    break
+                readable, _, _ = select.select([conn], [], [], 0.05)
+                if readable and conn.recv(4096, socket.MSG_PEEK) == b"":
+                    break                               # the probe's side closed
+            else:
+                return                                  # never closed: no release
+            self.closed.release()
+
+    def close(self) -> None:
+        self.listener.close()
+
+
+def _probe_threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name == "infer-units probe"]
+
+
+@pytest.mark.parametrize("how", ["one-shot", "kept", "redirect"])
+def test_a_trickled_answer_ends_at_the_deadline_and_leaves_no_connection(how: str) -> None:
+    """http.client's timeout is per read: bytes that come one at a time never
+    reach it.  The probe answers at its deadline, and the connection it was
+    reading is closed then, not when the trickle ends (minutes later)."""
+    server = Trickler(redirect=how == "redirect")
+    url = f"http://127.0.0.1:{server.port}/health"
+    try:
+        started = time.monotonic()
+        if how == "kept":
+            session = Session(url)
+            answer = session.probe(1.0)
+            session.close()
+        else:
+            answer = http_probe(url, 1.0)
+        took = time.monotonic() - started
+        assert (answer.ok, answer.text) == (False, "no answer within 1s"), answer
+        assert took < 1.5, took
+        # The trickle lasts over 3 minutes; a close within 10 s is the cut's.
+        assert server.closed.acquire(timeout=10), "the probe's connection outlived its deadline"
+        assert server.accepted == (2 if how == "redirect" else 1)
+        for thread in _probe_threads():
+            thread.join(10)
+        assert not _probe_threads()
+    finally:
+        server.close()
+
+
+def test_a_signal_while_the_probe_waits_ends_its_exchange() -> None:
+    """wait-ready's stop raises from a signal handler while a probe waits:
+    the exception is the caller's, and the exchange in flight is cut."""
+    server = Trickler()
+
+    class Stop(BaseException):
+        pass
+
+    def on_alarm(signum: int, frame: object) -> None:
+        raise Stop()
+    previous = signal.signal(signal.SIGALRM, on_alarm)
+    try:
+        signal.setitimer(signal.ITIMER_REAL, 0.3)
+        with pytest.raises(Stop):
+            http_probe(f"http://127.0.0.1:{server.port}/health", 60.0)
+        assert server.closed.acquire(timeout=10), "the probe's connection outlived its caller"
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+        server.close()
+
+
+# ------------------------------------------------------------------ answers that are not health
+
+class Canned:
+    """Answers every connection with the same bytes, then closes it."""
+
+    def __init__(self, answer: bytes) -> None:
+        self.listener = socket.socket()
+        self.listener.bind(("127.0.0.1", 0))
+        self.listener.listen(16)
+        self.port = self.listener.getsockname()[1]
+        self.answer = answer
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                conn, _ = self.listener.accept()
+            except OSError:
+                return
+            with conn:
+                conn.recv(65536)
+                try:
+                    conn.sendall(self.answer)
+                except OSError:
+                    pass
+
+    def close(self) -> None:
+        self.listener.close()
+
+
+@pytest.mark.parametrize("answer,text", [
+    (b"", "closed the connection without an answer"),
+    (b"SSH-2.0-OpenSSH_9.2\r\n", "not HTTP"),
+    (b"HTTP/3 200 OK\r\n\r\n", "not HTTP"),
+    (b"HTTP/1.1 302 Found\r\nContent-Length: 0\r\n\r\n", "HTTP 302 without a Location"),
+    (b"HTTP/1.1 302 Found\r\nLocation: /health\r\nContent-Length: 0\r\n\r\n",
+     "more than 10 redirects"),
+    (b"HTTP/1.1 200 OK\r\nX-Long: " + b"a" * 70000 + b"\r\n\r\n", "a head without an end"),
+    (b"HTTP/1.1 200 OK\r\n" + b"X-Many: 1\r\n" * 200 + b"\r\n", "a head without an end"),
+])
+@pytest.mark.parametrize("keep", [False, True])
+def test_an_answer_that_is_not_health_is_a_failed_probe_with_its_reason(
+        answer: bytes, text: str, keep: bool) -> None:
+    server = Canned(answer)
+    session = Session(f"http://127.0.0.1:{server.port}/health", keep=keep)
+    try:
+        got = session.probe(5.0)
+        assert not got.ok and got.text.startswith(text), got
+        assert session.conn is None
+    finally:
+        session.close()
+        server.close()
+
+
+def test_https_to_a_plain_listener_is_a_tls_failure() -> None:
+    server = Canned(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n")
+    try:
+        got = http_probe(f"https://127.0.0.1:{server.port}/health", 5.0)
+        assert not got.ok and got.text.startswith("TLS: "), got
+    finally:
+        server.close()
+
+
+def test_a_tls_handshake_that_never_ends_is_within_the_deadline() -> None:
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(4)          # accepted by the kernel, never answered
+    try:
+        started = time.monotonic()
+        got = http_probe(f"https://127.0.0.1:{listener.getsockname()[1]}/health", 1.0)
+        took = time.monotonic() - started
+        assert (got.ok, got.text) == (False, "no answer within 1s") and took < 1.5, (got, took)
+    finally:
         listener.close()

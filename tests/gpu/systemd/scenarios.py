@@ -832,6 +832,13 @@ def _needs_llama(fn: Fn) -> Fn:
     return fn
 
 
+def _refused(journal: list[str]) -> bool:
+    """pre-start refused the start: systemd's status line for its exit 2, or
+    (when the journal does not have that yet) the hook's own refusal line."""
+    return any("status=2/" in line or ("infer-units: start of" in line and "refused" in line)
+               for line in journal)
+
+
 @_needs_llama
 def l1_llama_lifecycle(sc: Scenario) -> None:
     """Start gated on health, restart with a new pid and one server's memory at
@@ -966,9 +973,7 @@ def l4_llama_foreign(sc: Scenario) -> None:
         d.update(starts=runs, kill_lines=killed)
         d["ok"] = bool(runs["fail"]["rc"] != 0 and runs["fail"]["stray_alive"]
                        and runs["fail"]["ExecMainPID"] in ("0", "")
-                       # (pre-start's exit: its own line, or systemd's, whichever the journal has yet)
-                       and any("status=2/" in line or "exit 2 = blocked" in line
-                               for line in runs["fail"]["journal"])
+                       and _refused(runs["fail"]["journal"])
                        and runs["kill"]["rc"] == 0 and runs["kill"]["health"] == 200
                        and not alive(stray.pid) and bool(killed))
         d["summary"] = (f"stray llama-server pid {stray.pid} on GPU 0: foreign=fail: start rc "
@@ -1049,8 +1054,7 @@ def l6_llama_health(sc: Scenario) -> None:
         refused = [line for line in journal if "refused" in line]
         d["refused_lines"] = refused
         d["ok"] = bool(rc != 0 and d["ExecMainPID"] in ("0", "") and not retried
-                       and any("status=2/" in line or "exit 2 = blocked" in line for line in journal)
-                       and refused)
+                       and _refused(journal))
         d["summary"] = (f"GPU 0 with XID 79 (fake table): start rc {rc} in {s:.2f}s, server never "
                         f"run {d['ExecMainPID'] in ('0', '')}, retried {retried}; "
                         f"{(refused or ['no refusal line'])[-1].split(': ', 1)[-1][:160]}")

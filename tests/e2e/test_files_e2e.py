@@ -69,8 +69,15 @@ def test_the_metrics_attack_through_a_real_units_hooks(box, attacked) -> None:
     files = box.sh("find /run/infer-units -type f -printf '%m %u %p\\n'").stdout.splitlines()
     assert {"/run/infer-units", "/run/infer-units/gpu", "/run/infer-units/state"} <= \
         {line.split()[2] for line in dirs}, dirs
-    assert all(line.split()[:2] == ["755", "root"] for line in dirs), dirs
-    assert files and all(line.split()[:2] == ["644", "root"] for line in files), files
+    # Claim locks are root's alone (issue 36 item 2): 0700 and 0600 under gpu/.
+    def expected(path: str, directory: bool) -> list[str]:
+        private = path == "/run/infer-units/gpu" or path.startswith("/run/infer-units/gpu/")
+        return ["700" if private else "755", "root"] if directory else \
+            ["600" if private else "644", "root"]
+    assert all(line.split()[:2] == expected(line.split()[2], True) for line in dirs), dirs
+    assert files and all(line.split()[:2] == expected(line.split()[2], False)
+                         for line in files), files
+    assert any(line.split()[2].startswith("/run/infer-units/gpu/") for line in files), files
     # and the exporter's account cannot drop a model file into it
     tried = box.sh(f"setpriv --reuid={ACCOUNT} --regid={ACCOUNT} --clear-groups "
                    "sh -c ': > /run/infer-units/evil.toml'", check=False)

@@ -27,6 +27,14 @@ def liveness_model(name: str, gpus: list[int], port: int, extra_args: list[str] 
         f'timeout = "{timeout:g}s"\nmax-restarts = {max_restarts}\nrestart-window = "1h"\n')
 
 
+def gpu_free(text: str) -> str:
+    """A model that holds no GPU.  Other modules of the session leave their
+    model files in the container, some on the GPUs these models would take;
+    such an overlap is a config error that `infer-units status` exits 1 on,
+    and liveness has nothing to do with GPUs."""
+    return text.replace("gpus = []\n", "")
+
+
 def state(box, name: str) -> dict:
     out = box.sh(f"cat /run/infer-units/{name}.liveness.json 2>/dev/null || echo '{{}}'").stdout
     return json.loads(out)
@@ -84,8 +92,9 @@ def _hang_and_come_back(box, name: str, port: int, how: str, restarts_before: in
 
 def test_hang_after_ready_is_restarted_and_healthy_again(box) -> None:
     name, port = "lv-hang", 18201
-    add_model(box, name, liveness_model(name, [0], port, ["--hang-file", f"/run/{name}.hang"],
-                                        max_restarts=5))
+    add_model(box, name, gpu_free(liveness_model(name, [], port,
+                                                 ["--hang-file", f"/run/{name}.hang"],
+                                                 max_restarts=5)))
     box.sh("systemctl daemon-reload")
     start(box, name)
     assert wait_until(lambda: timer_state(box, name) == "active", 5)
@@ -205,8 +214,8 @@ def test_operator_stop_while_failures_count_is_never_undone(box) -> None:
 
 def test_hang_on_every_start_is_capped_and_left_failed(box) -> None:
     name, port = "lv-cap", 18205
-    add_model(box, name, liveness_model(name, [4], port, env={"FAKE_HANG_AFTER_S": "0.3"},
-                                        load=0.3, max_restarts=2))
+    add_model(box, name, gpu_free(liveness_model(name, [], port, env={"FAKE_HANG_AFTER_S": "0.3"},
+                                                 load=0.3, max_restarts=2)))
     box.sh("systemctl daemon-reload")
     started = time.monotonic()
     start(box, name)
@@ -253,8 +262,8 @@ def test_an_edit_before_daemon_reload_is_not_what_liveness_probes(box) -> None:
     healthy server, then cap it and leave it stopped (issue 36 item 7)."""
     name, port = "lv-edit", 18207
 
-    def text(port: int) -> str:        # no GPU: the others' files keep theirs
-        return liveness_model(name, [], port).replace("gpus = []\n", "")
+    def text(port: int) -> str:
+        return gpu_free(liveness_model(name, [], port))
     add_model(box, name, text(port))
     box.sh("systemctl daemon-reload")
     start(box, name)

@@ -20,8 +20,11 @@ def _state(box, unit: str) -> str:
 
 
 def test_drain_fences_and_resume_starts_exactly_what_it_stopped(box) -> None:
+    # Ports no other module uses: the box is shared by the session, and a unit
+    # another module left running (its test failed before its stop) on a port
+    # of these models would block their start here, a failure not this test's.
     for i, name in enumerate(("ops-a", "ops-b", "ops-c")):
-        add_model(box, name, model_toml(name, [i], 18201 + i))
+        add_model(box, name, model_toml(name, [i], 18241 + i))
     box.sh("systemctl daemon-reload && systemctl start ops-a ops-b")   # ops-c: stopped
     drain = f"INFER_UNITS_FAKE_GPUS={FAKE_TABLE} infer-units drain --json --term-grace 1s --timeout 30s"
     dry = box.sh(drain + " --dry-run", check=False)

@@ -224,8 +224,11 @@ class Trickler:
                 except OSError:
                     break
                 readable, _, _ = select.select([conn], [], [], 0.05)
-                if readable and conn.recv(4096, socket.MSG_PEEK) == b"":
-                    break                               # the probe's side closed
+                try:
+                    if readable and conn.recv(4096, socket.MSG_PEEK) == b"":
+                        break                           # the probe's side closed
+                except ConnectionResetError:
+                    break                               # ... with unread bytes: a reset
             else:
                 return                                  # never closed: no release
             self.closed.release()

@@ -69,6 +69,16 @@ def path_value(path: str) -> str:
     return path.replace("%", "%%")
 
 
+def unquoted_word(word: str) -> str:
+    """One word for directives that split words, remove quotes and then
+    expand specifiers, with no C escapes (RequiresMountsFor=): in double
+    quotes, `\\` and `"` escaped by a backslash, `%` doubled.  Words made
+    only of _SAFE characters stay bare."""
+    if word and _SAFE.issuperset(word):
+        return word
+    return '"' + word.replace("\\", "\\\\").replace('"', '\\"').replace("%", "%%") + '"'
+
+
 def comment_text(text: str) -> str:
     """Text for a comment line: control characters and undecodable bytes
     (os.fsdecode's surrogates) shown as \\xNN, so a file named "a\\nb.toml"

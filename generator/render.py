@@ -18,7 +18,7 @@ from .model import Model
 from .settings import BUILTIN_IGNORE, RESTART_DEFAULTS
 from .systemdversion import RESTART_STEPS_SINCE, systemd_version
 from .systemd_quote import (comment_text, environment_assignments, exec_line, exec_word,
-                            exec_words, path_value, plain_value)
+                            exec_words, path_value, plain_value, unquoted_word)
 
 from .paths import DEB_CLI, HOOK_CLI, RUN_DIR   # the CLI the hooks call (generator/paths.py)
 
@@ -187,12 +187,36 @@ def _ignore_args(m: Model) -> list[str]:
     return args
 
 
+def model_path(m: Model) -> str | None:
+    """The model's path on this host, when `model` is one (absolute): a hub
+    id or a relative name is the engine's to resolve, and is checked by none."""
+    if m.engine == "command" or not m.model or not m.model.startswith("/"):
+        return None
+    return m.model
+
+
+def _requires_mounts(path: str | None) -> str:
+    """RequiresMountsFor= of the model's path: a model on NFS or a disk that
+    mounts late is waited for at boot, not refused by pre-start.  None for a
+    path with a ".." component: systemd ignores a path that is not
+    normalized, and where it leads is the kernel's to say (pre-start still
+    checks it)."""
+    if path is None or ".." in path.split("/"):
+        return ""
+    return "RequiresMountsFor=" + unquoted_word(path)
+
+
 def _exec_start_pre(m: Model, selector: str | None, pci: bool, ignore: list[str]) -> str:
     """One privileged process for every start check (each process started
     lengthens a restart: docs/performance.md).  Every model has
     one, with neither gpus nor port too: the drain fence is its first check.
     (`selector`, `pci`, `ignore`: m.gpu_selector(), m.gpus_by_pci, _ignore_args(m).)"""
     argv = ["pre-start", "--unit", m.unit_name]
+    path = model_path(m)
+    if path is not None:
+        # Checked right after the drain fence: a missing model ends the
+        # start with no automatic restart (no retry brings it).
+        argv += ["--model-path", path]
     waited = _waited_by_pre_start(m)
     if waited is not None:
         argv += ["--restart-sec", format_seconds(waited.first), "--restart-steps",
@@ -440,6 +464,7 @@ def render(m: Model) -> RenderedUnit:
         "description": _description(m, selector),
         "liveness_wants": liveness_wants,
         "liveness_stop_post": liveness_stop_post,
+        "requires_mounts": _requires_mounts(model_path(m)),
         "source_path": m.main_path,
         "unit_directives": "\n".join(_directives(m.unit_directives)),
         "user": m.user or "",

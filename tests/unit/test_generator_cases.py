@@ -252,7 +252,8 @@ def test_templates_are_rendered_strictly() -> None:
     env = render.templates()
     assert env.undefined is jinja2.StrictUndefined and not env.autoescape
     names = {"version": "1", "sources": "a.toml", "description": "d %n", "liveness_wants": "",
-             "liveness_stop_post": "", "source_path": "/etc/a%.toml", "unit_directives": "",
+             "liveness_stop_post": "", "requires_mounts": "", "source_path": "/etc/a%.toml",
+             "unit_directives": "",
              "user": "", "name": "a", "run_dir": "/run/x", "environment": "",
              "exec_start_pre": "ExecStartPre=+/bin/true", "exec_start": "/bin/serve",
              "exec_start_post": "", "exec_stop_post": "", "kill_signal": "SIGTERM",
@@ -261,4 +262,5 @@ def test_templates_are_rendered_strictly() -> None:
     text = render.fill("service", names)
     assert "Description=d %%n\n" in text and "SourcePath=/etc/a%%.toml\n" in text
     assert "\n\n\n" not in text and "User=" not in text and "ExecStopPost" not in text
+    assert "RequiresMountsFor" not in text
     assert "User=svc\n" in render.fill("service", {**names, "user": "svc"})

@@ -11,6 +11,7 @@ take choices and defaults from generator/settings.py, as the model files do.
 from __future__ import annotations
 
 import argparse
+import errno
 import functools
 import os
 import signal
@@ -112,6 +113,8 @@ def pre_start(argv: list[str]) -> int:
                                "they and the port are free, run the P2P self-test.")
     p.option("--unit", required=True, type=_unit)
     p.option("--gpus", help='GPUs to clean: "0,1", UUIDs, PCI ids or "all"')
+    p.option("--model-path", help="the model's path on this host (an absolute `model`): "
+                                  "missing, the start is refused with no automatic restart")
     p.option("--foreign", choices=settings.REAP_FOREIGN,
              default=settings.default("reap.foreign"))
     p.option("--term-grace", type=_duration, default=settings.default("reap.term-grace"))
@@ -160,6 +163,11 @@ def pre_start(argv: list[str]) -> int:
         _say(fenced, ERR)
         _refuse_without_restart(unit)
         return exitcodes.BLOCKED
+    missing = _missing_model(a.model_path, unit) if a.model_path else None
+    if missing:
+        _say(missing, ERR)
+        _refuse_without_restart(unit)
+        return exitcodes.CONFIG_ERROR
     if a.restart_steps and a.restart_sec and a.restart_max_delay:
         # Before anything is claimed: a crash loop waits holding nothing.
         from ..act.backoff import wait_out
@@ -178,6 +186,31 @@ def pre_start(argv: list[str]) -> int:
             forgiven()
         except Exception as e:  # noqa: BLE001 - best effort: never decides the start's outcome
             _say(f"start-limit question failed: {type(e).__name__}: {e}", ERR)
+
+
+def _missing_model(path: str, unit: str) -> str | None:
+    """Why the model's path is missing on this host, or None.  A stat and
+    nothing more: nothing of the path is read or opened as root.  Only an
+    answer that the path is not there refuses (a dangling link, a symlink
+    loop, a file where a directory is named); any other error (root
+    squashed on NFS, an I/O error) is the server's to meet as the model's
+    user, and is said as a warning."""
+    try:
+        os.stat(path)
+        return None
+    except (FileNotFoundError, NotADirectoryError) as e:
+        why = e.strerror
+        if isinstance(e, FileNotFoundError) and os.path.islink(path):
+            why = "a symbolic link whose target is missing"
+    except OSError as e:
+        if e.errno != errno.ELOOP:
+            _say(f"model: {path}: cannot tell whether it exists ({e.strerror}); "
+                 "the server will", WARNING)
+            return None
+        why = e.strerror
+    name = unit.removesuffix(".service")
+    return (f"model: {path} does not exist on this host ({why}; `infer-units cat {name}` "
+            "shows the file that sets `model`: fix it there, or put the model at that path)")
 
 
 def _pre_start(a: argparse.Namespace, unit: str, started: float,

@@ -17,7 +17,7 @@ from ..support import PYTHON, FakeGpus, run_generator
 from ..unitfile import exec_argv, values
 
 MODEL = """engine = "sglang"
-model = "/m"
+model = "{model}"
 gpus = [0, 1]
 port = {port}
 args = ["--attn-dp-size", "2"]
@@ -50,7 +50,9 @@ def pre_start(tmp_path: Path, base_port: int) -> list[str]:
     """The generated unit's ExecStartPre argv, run with this checkout's CLI."""
     etc = tmp_path / "etc"
     etc.mkdir()
-    (etc / "dp.toml").write_text(MODEL.format(port=base_port))
+    # The model's path is there: pre-start refuses a missing one first.
+    (tmp_path / "model").mkdir()
+    (etc / "dp.toml").write_text(MODEL.format(port=base_port, model=tmp_path / "model"))
     out = tmp_path / "out"
     done = run_generator(out, str(etc))
     assert done.returncode == 0 and (out / "dp.service").exists(), done.stderr

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import shlex
+import tomllib
 
 from ..support import wait_until  # noqa: F401  (the tests' one wait helper, re-exported)
 
@@ -103,7 +105,19 @@ def alive(box, pid: int) -> bool:
     return bool(state) and state.rsplit(")", 1)[1].split()[0] != "Z"
 
 
-def add_model(box, name: str, text: str) -> None:
+def add_model(box, name: str, text: str, model_present: bool = True) -> None:
+    """The model file, and the model's path (an absolute `model`) made in the
+    box as a directory where nothing is there yet: pre-start refuses a model
+    whose path is missing.  `model_present=False` leaves it missing."""
     box.write(f"/etc/infer-units/{name}.toml", text)
+    path = tomllib.loads(text).get("model")
+    if model_present and isinstance(path, str) and path.startswith("/"):
+        make_model_path(box, path)
+
+
+def make_model_path(box, path: str) -> None:
+    """The model's path, as a directory, unless something is there already."""
+    quoted = shlex.quote(path)
+    box.sh(f"test -e {quoted} || mkdir -p {quoted}")
 
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from .e2e_support import FAKE_TABLE, FAKES, show, wait_until
+from .e2e_support import FAKE_TABLE, FAKES, make_model_path, show, wait_until
 from .multihost import HOSTS, Group
 
 pytestmark = pytest.mark.e2e
@@ -63,6 +63,7 @@ def group(deb: Path):
         g.boot(deb, ROOT)
         for name in HOSTS:
             g[name].write("/etc/infer-units/big.toml", MODEL)
+            make_model_path(g[name], "/models/big")     # pre-start refuses a missing one
             g[name].sh("systemctl daemon-reload")
         yield g
     finally:

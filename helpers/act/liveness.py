@@ -6,7 +6,9 @@ restarts the model through systemd, after `max-restarts` such restarts within
 State (consecutive failures, last answers, liveness restarts) lives in
 <dir>/<name>.liveness.json (dir: RUN_DIR, or INFER_UNITS_LIVENESS_DIR),
 written atomically; `infer-units status` reads it.  A probe that answers 2xx
-costs no D-Bus call: systemd is asked only when a probe fails.
+asks systemd only whether the unit's automatic restarts are to be forgotten
+(a healthy server starts the crash-loop back-off over); the unit's state is
+asked only when a probe fails.
 
 Its options are parsed with the other unit hooks' (hooks/unit.py); systemd
 is asked through facts/systemd.py (Liveness).

@@ -3,15 +3,17 @@ longer, up to a ceiling (systemd >= 254 by itself: RestartSteps=,
 RestartMaxDelaySec=; systemd 252: pre-start waits out the rest), the journal
 says so at each step, the loop never ends failed, and a server that comes up
 healthy starts the count over.  Refusals no retry can fix (a GPU this host
-does not have) end the unit failed without any automatic restart."""
+does not have, a model path that is not there) end the unit failed without
+any automatic restart."""
 
 from __future__ import annotations
 
 import json
+import shlex
 
 import pytest
 
-from .e2e_support import FAKE_TABLE, add_model, show, wait_until
+from .e2e_support import FAKE_TABLE, add_model, engine_toml, make_model_path, show, wait_until
 
 pytestmark = pytest.mark.e2e
 
@@ -104,3 +106,42 @@ def test_a_gpu_this_host_does_not_have_ends_failed_without_restarts(box) -> None
     props = state(box, name)
     assert props["NRestarts"] == "0" and props["ActiveState"] == "failed", props
     box.sh(f"systemctl reset-failed {name}")
+
+
+def test_a_missing_model_path_ends_the_start_without_restarts(box) -> None:
+    """A model whose path is not on this host (issue 37 item 6): pre-start
+    names the path and cancels its own start, so no automatic restart comes;
+    once the path is there the same unit starts, and systemd read
+    RequiresMountsFor= (a space, '%' and quotes in the path) as the path
+    written.  The unit ends failed or inactive, as for the fence and GPU
+    health (docs/architecture.md, "A refused start does not come back"):
+    the stop job's SIGKILL of the refusing hook is a clean exit
+    (SuccessExitStatus=SIGKILL)."""
+    name, path = "bo-nomodel", '/models/bo mp 100% "q"'
+    text = engine_toml(name, "llamacpp", [5], 18503, env={"FAKE_LOAD_S": "0.2"}).replace(
+        f'model = "/models/{name}"', f"model = '{path}'")
+    add_model(box, name, text, model_present=False)
+    box.sh(f"systemctl daemon-reload; systemctl reset-failed {name} 2>/dev/null; "
+           f"systemctl start {name}", check=False)
+    refused = f"start of {name}.service refused; no automatic restart"
+    assert wait_until(lambda: refused in box.journal(f"{name}.service")
+                      and state(box, name)["ActiveState"] in ("failed", "inactive"), 20, 0.2), \
+        (state(box, name), box.journal(f"{name}.service")[-3000:])
+    log = box.journal(f"{name}.service")
+    assert f"model: {path} does not exist on this host (No such file or directory;" in log, \
+        log[-3000:]
+    # One path, as written (systemctl quotes a value with spaces or quotes).
+    mounts = box.sh(f"systemctl show -p RequiresMountsFor --value {name}").stdout
+    assert shlex.split(mounts) == [path], mounts
+    box.sh("sleep 3")      # RestartSec=1s: as above, an absence can only be waited for
+    props = state(box, name)
+    assert props["NRestarts"] == "0" and props["ActiveState"] in ("failed", "inactive"), props
+    assert "Scheduled restart job" not in box.journal(f"{name}.service")
+    # The model put in place: the same unit starts, the path reaches the server whole.
+    make_model_path(box, path)
+    box.sh(f"systemctl reset-failed {name} 2>/dev/null; systemctl start {name}")
+    assert state(box, name)["ActiveState"] == "active", state(box, name)
+    argv = json.loads(box.sh(f"cat /run/{name}.json").stdout)["argv"]
+    assert argv[argv.index("--model") + 1] == path, argv
+    box.sh(f"systemctl stop {name}; rm -f /etc/infer-units/{name}.toml; "
+           f"rmdir {shlex.quote(path)}; systemctl daemon-reload")

@@ -31,33 +31,39 @@ def test_drain_fences_and_resume_starts_exactly_what_it_stopped(box) -> None:
     assert dry.returncode == 0, dry.stderr
     predicted = json.loads(dry.stdout)
     assert _state(box, "ops-a.service") == "active" and box.sh(f"test -e {FENCE}", check=False).returncode == 1
-    real = box.sh(drain, check=False)
-    assert real.returncode == 0, real.stderr
-    done = json.loads(real.stdout)
-    for key in ("stop", "signal", "fence"):
-        assert predicted[key] == done[key], (key, predicted[key], done[key])
-    assert {"ops-a.service", "ops-b.service"} <= set(done["stop"])
-    assert "ops-c.service" not in done["stop"]
-    assert _state(box, "ops-a.service") == "inactive" and _state(box, "ops-b.service") == "inactive"
-    assert json.loads(box.sh(f"cat {FENCE}").stdout)["stopped"] == done["stop"]
+    try:
+        real = box.sh(drain, check=False)
+        assert real.returncode == 0, real.stderr
+        done = json.loads(real.stdout)
+        for key in ("stop", "signal", "fence"):
+            assert predicted[key] == done[key], (key, predicted[key], done[key])
+        assert {"ops-a.service", "ops-b.service"} <= set(done["stop"])
+        assert "ops-c.service" not in done["stop"]
+        assert _state(box, "ops-a.service") == "inactive" and _state(box, "ops-b.service") == "inactive"
+        assert json.loads(box.sh(f"cat {FENCE}").stdout)["stopped"] == done["stop"]
 
-    # While fenced: a start fails at pre-start, and Restart=on-failure (RestartSec=1s) does not retry it.
-    assert box.sh("systemctl start ops-c", check=False).returncode != 0
-    time.sleep(3)
-    props = show(box, "ops-c.service", "NRestarts", "ActiveState")
-    assert props["NRestarts"] == "0" and props["ActiveState"] in ("failed", "inactive"), props
-    assert "start of ops-c.service refused: GPUs drained by `infer-units drain`" \
-        in box.journal("ops-c.service")
-    box.sh("systemctl reset-failed ops-c", check=False)
+        # While fenced: a start fails at pre-start, and Restart=on-failure (RestartSec=1s) does not retry it.
+        assert box.sh("systemctl start ops-c", check=False).returncode != 0
+        time.sleep(3)
+        props = show(box, "ops-c.service", "NRestarts", "ActiveState")
+        assert props["NRestarts"] == "0" and props["ActiveState"] in ("failed", "inactive"), props
+        assert "start of ops-c.service refused: GPUs drained by `infer-units drain`" \
+            in box.journal("ops-c.service")
+        box.sh("systemctl reset-failed ops-c", check=False)
 
-    resumed = box.sh("infer-units resume --json --timeout 60s", check=False)
-    assert resumed.returncode == 0, resumed.stderr
-    report = json.loads(resumed.stdout)
-    assert report["start"] == done["stop"]
-    assert report["states"] == {unit: "active" for unit in done["stop"]}
-    assert _state(box, "ops-c.service") == "inactive", "resume started a unit drain did not stop"
-    assert box.sh(f"test -e {FENCE}", check=False).returncode == 1
-    box.sh("systemctl stop " + " ".join(done["stop"]))
+        resumed = box.sh("infer-units resume --json --timeout 60s", check=False)
+        assert resumed.returncode == 0, resumed.stderr
+        report = json.loads(resumed.stdout)
+        assert report["start"] == done["stop"]
+        assert report["states"] == {unit: "active" for unit in done["stop"]}
+        assert _state(box, "ops-c.service") == "inactive", "resume started a unit drain did not stop"
+        assert box.sh(f"test -e {FENCE}", check=False).returncode == 1
+        box.sh("systemctl stop " + " ".join(done["stop"]))
+    finally:
+        # A failure above leaves no fence behind: it would refuse every later
+        # start in this shared box (test_package.py's, among others).
+        box.sh(f"rm -f {FENCE}; systemctl stop ops-a ops-b ops-c; "
+               "systemctl reset-failed ops-a ops-b ops-c", check=False)
 
 
 def test_the_man_pages_are_installed(box) -> None:

@@ -458,8 +458,10 @@ def _two_models(sc: Scenario) -> tuple[int, float]:
 def s4_p2p(sc: Scenario) -> None:
     d = sc.data
     gib = 0.0 if FAKE else 2.0
+    # server.py loads no model, but pre-start refuses a model path that is missing
+    os.makedirs("/models/peer", exist_ok=True)
     text = "\n".join([
-        'engine = "sglang"', 'model = "/models/none"', f'python = "{HOSTPY}"', "gpus = [0, 1]",
+        'engine = "sglang"', 'model = "/models/peer"', f'python = "{HOSTPY}"', "gpus = [0, 1]",
         "port = 8301", f'args = ["--gib", "{gib}"]',
         "[nccl]", 'p2p = "auto"',
         "[reap]", 'term-grace = "2s"', 'timeout = "30s"',

@@ -148,10 +148,11 @@ class RealBox:
         self.c.shutdown()
 
     # ------------------------------------------------------------ model files
-    def vllm_toml(self, port: int, gpus: list[int], *, liveness: str = "", extra: str = "") -> str:
+    def vllm_toml(self, port: int, gpus: list[int], *, liveness: str = "", extra: str = "",
+                  args: list[str] = VLLM_ARGS) -> str:
         return _toml({"engine": "vllm", "model": self.paths["hf_model"],
                       "python": self.vllm_python, "gpus": gpus, "port": port,
-                      "args": VLLM_ARGS}, liveness=liveness, extra=extra,
+                      "args": args}, liveness=liveness, extra=extra,
                      env={"HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1"})
 
     def llama_toml(self, port: int, gpus: list[int], *, liveness: str = "", extra: str = "") -> str:

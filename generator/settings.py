@@ -496,7 +496,9 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("engine", check_choice(ENGINES), None,
             "Server to run: " + ", ".join(ENGINES) + ". Required."),
     Setting("model", check_operand, None,
-            "Model path or hub id (every engine but command)."),
+            "Model path or hub id (every engine but command). An absolute path must "
+            "exist on this host: the unit waits for its mount (RequiresMountsFor=) and "
+            "a start without it is refused, with no automatic restart."),
     Setting("gpus", check_gpus, None,
             'GPUs: indexes (PCI-bus order, as nvidia-smi), "GPU-<uuid>", PCI bus ids, or "all".'),
     Setting("port", check_port, None, "TCP port the server listens on."),

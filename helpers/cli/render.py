@@ -161,10 +161,11 @@ def _host_problems(model: Any, gpus: list[Any] | None) -> list[Any]:
 
 
 def _host_warnings(model: Any) -> list[str]:
-    """A model path that is absolute and missing here: the server will not
-    find it (a hub id is the engine's to fetch)."""
-    path = model.model
-    if isinstance(path, str) and path.startswith("/") and not os.path.exists(path):
+    """A model path that is missing here: pre-start will refuse the start
+    (a hub id is the engine's to fetch)."""
+    from ...generator.render import model_path
+    path = model_path(model)
+    if path is not None and not os.path.exists(path):
         return [f"{model.main_path}: model: {path} does not exist on this host"]
     return []
 

@@ -147,8 +147,10 @@ def stream_through_restart(real: RealBox, unit: str, port: int, tokens: int = TO
          f"systemd-run --quiet --unit=iu-stream {STREAM} {port} {tokens} {sequences} {out} {unit}")
     assert wait_for(lambda: c.sh(f"test -e {out}.first", check=False).returncode == 0, 120), \
         c.sh(f"cat {out} 2>/dev/null || true").stdout
+    # (as long as the stream may take: systemd has acted on the restart only
+    # once vLLM's engine was done, see restart_in_flight)
     assert wait_for(lambda: props(c, f"{unit}.service", "ActiveState")["ActiveState"]
-                    != "active" or main_pid(c, unit) != pid, 30, 0.05)
+                    != "active" or main_pid(c, unit) != pid, 300, 0.05), timeline()
     seen = during() if during is not None else None
     assert wait_for(lambda: c.sh(f"test -e {out}", check=False).returncode == 0, 300), \
         "the stream never ended"

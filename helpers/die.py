@@ -11,6 +11,7 @@ from __future__ import annotations
 import sys
 from typing import NoReturn
 
+from ..generator.errors import one_line
 from ..generator.log import say, stderr_is_for_people
 from . import exitcodes
 from .jsonout import json_error
@@ -23,6 +24,6 @@ def die(message: str, hint: str | None = None, code: int = exitcodes.CONFIG_ERRO
     if sys.stderr is not None and stderr_is_for_people():
         say(ERR, line)          # the journal: with its priority; a terminal: as below
     else:
-        print(f"infer-units: {line}", file=sys.stderr, flush=True)
+        print(f"infer-units: {one_line(line)}", file=sys.stderr, flush=True)
     json_error(line, code)
     sys.exit(code)

@@ -15,6 +15,7 @@ from __future__ import annotations
 import sys
 from typing import Any
 
+from ...generator.errors import one_line
 from .. import exitcodes
 from ..decide import fence
 from ..decide.attribution import SERVICE, _service_parent, attribute
@@ -94,7 +95,7 @@ def describe_module(users: int | None, source: str) -> str:
 
 
 def _log(message: str) -> None:
-    print(f"infer-units: {message}", file=sys.stderr, flush=True)
+    print(f"infer-units: {one_line(message)}", file=sys.stderr, flush=True)
 
 
 def _service_of(holder: Any) -> str | None:

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from ...generator.atomicfile import read_text, write_file
 from ...generator.paths import run_dir
 from ..facts.gpus import Gpu
-from ..facts.untrusted import run_untrusted
+from ..facts.untrusted import escaped, run_untrusted
 from .envfile import update_env_file
 
 
@@ -110,12 +110,12 @@ def _run_selftest(python: str, gpus: list[Gpu], timeout: float, user: str | None
     if done.timed_out:
         # A hung peer copy is the classic broken-IOMMU symptom.
         return {"ok": False, "error": f"self-test hung for {timeout:g}s", "hung": True}
-    lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
+    lines = [line for line in done.stdout.split("\n") if line.startswith("{")]
     if done.returncode != 0 or not lines:
-        tail = (done.stderr.strip().splitlines() or ["no output"])[-1][-500:]
+        tail = (done.stderr.strip().split("\n") or ["no output"])[-1][-500:]
         return {"ok": False, "error": f"self-test exited {done.returncode}: {tail}", "ran": False}
     try:
-        report = json.loads(lines[-1])
+        report = escaped(json.loads(lines[-1]))
     except ValueError as e:
         return {"ok": False, "error": f"self-test printed no report ({e})", "ran": False}
     if not isinstance(report, dict):

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import sys
 
+from ...generator.errors import one_line
+
 
 class Progress:
     def __init__(self, what: str) -> None:
@@ -12,6 +14,7 @@ class Progress:
         self.last_state: str | None = None
 
     def update(self, state: str) -> None:
+        state = one_line(state)
         if self.tty:
             sys.stderr.write(f"\r\033[K{self.what}: {state}")
             sys.stderr.flush()
@@ -25,4 +28,4 @@ class Progress:
     def done(self, message: str) -> None:
         if self.tty:
             sys.stderr.write("\r\033[K")
-        print(f"infer-units: {message}", file=sys.stderr, flush=True)
+        print(f"infer-units: {one_line(message)}", file=sys.stderr, flush=True)

@@ -15,6 +15,7 @@ import time
 import signal
 from dataclasses import dataclass, field
 
+from ...generator.errors import one_line
 from .. import exitcodes
 from ..decide.attribution import (ANCESTOR, FOREIGN, IGNORED, OWN, SERVICE, Attribution, Holder,
                           attribute)
@@ -96,7 +97,7 @@ class ReapPolicy:
 
 
 def _log(message: str) -> None:
-    print(f"infer-units: {message}", file=sys.stderr, flush=True)
+    print(f"infer-units: {one_line(message)}", file=sys.stderr, flush=True)
 
 
 def describe_left(pids: list[int]) -> list[dict[str, object]]:

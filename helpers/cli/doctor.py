@@ -27,7 +27,7 @@ import click
 from ..jsonout import echo_json
 from .options import complete_model_names
 from ..decide.health import ERROR, OK, UNKNOWN, WARNING, Finding, Report, check_gpus, worst
-from ..facts.untrusted import run_untrusted
+from ..facts.untrusted import escaped, run_untrusted
 
 SCHEMA_VERSION = 1
 PROBE_TIMEOUT_S = 30.0
@@ -176,13 +176,13 @@ def _engine_findings(model: Any, driver: dict[str, Any], do_import: bool) -> lis
         return [_model_finding("python", ERROR, f"{python} as {who}: {e.strerror}",
                                "fix `python` in the model file (an interpreter with the engine "
                                "installed)")]
-    lines = [ln for ln in done.stdout[-PROBE_OUTPUT_MAX:].splitlines() if ln.startswith("{")]
+    lines = [ln for ln in done.stdout[-PROBE_OUTPUT_MAX:].split("\n") if ln.startswith("{")]
     if done.returncode != 0 or not lines:
-        tail = (done.stderr.strip().splitlines() or ["no output"])[-1][:300]
+        tail = (done.stderr.strip().split("\n") or ["no output"])[-1][:300]
         return [_model_finding("python", ERROR, f"{python} as {who} exited "
                                f"{done.returncode}: {tail}", "fix `python` in the model file")]
     try:
-        got = json.loads(lines[-1])
+        got = escaped(json.loads(lines[-1]))
     except ValueError:
         return [_model_finding("python", ERROR, f"{python} as {who}: unreadable answer")]
     if not isinstance(got, dict):
@@ -229,7 +229,7 @@ def _binary_findings(model: Any, spec: Any, who: str) -> list[Finding]:
         return [_model_finding("executable", ERROR, str(e), "create the user, or fix `user`")]
     except (OSError, subprocess.TimeoutExpired) as e:
         return [_model_finding("executable", ERROR, f"{path} --version as {who}: {e}")]
-    answer = (done.stdout.strip() or done.stderr.strip()).splitlines()[:1]
+    answer = (done.stdout.strip() or done.stderr.strip()).split("\n")[:1]
     if done.returncode != 0:
         return [_model_finding("executable", ERROR, f"{path} --version as {who} exited "
                                f"{done.returncode}: {(answer or [''])[0][:200]}")]

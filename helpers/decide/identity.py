@@ -21,6 +21,8 @@ from __future__ import annotations
 import os
 import stat
 
+from ..facts.procinfo import plain_name
+
 GENERATOR_DIR = os.environ.get("INFER_UNITS_GENERATOR_DIR", "/run/systemd/generator")
 # Where a system service's file may come from, in systemd's order of
 # precedence (systemd.unit(5)); the first that has the name is the one
@@ -97,8 +99,10 @@ def within(cgroup: str, top: str) -> bool:
 
 
 def in_unit(cgroup: str, unit: str) -> bool:
-    """Whether a process in `cgroup` is one of the system service `unit`'s."""
-    if not cgroup or unit not in cgroup.split("/"):
+    """Whether a process in `cgroup` is one of the system service `unit`'s.
+    A path with a character systemd never puts in one (a "\r" that a
+    line-splitting reader would have taken for a new line) is nobody's."""
+    if not cgroup or not plain_name(cgroup) or unit not in cgroup.split("/"):
         return False        # cheap: systemd is asked only about a name the path has
     expected = unit_cgroup(unit)
     return expected is not None and within(cgroup, expected)

@@ -1,5 +1,19 @@
 """What /proc says about one pid: name, command line, owner, state, cgroup and
-the systemd unit or container that cgroup belongs to."""
+the systemd unit or container that cgroup belongs to.
+
+Most of that text was chosen by the process or its owner, not written by
+the kernel: the comm (prctl), the command line, a cgroup's name (any
+account with a user manager creates cgroups in its delegated subtree; the
+kernel refuses only "\n" in a name).  So (docs/trust.md):
+
+  - /proc files are split on "\n" alone, the one separator the kernel
+    guarantees, never str.splitlines() (which also splits on "\r", "\v",
+    "\x1c", "\u2028", ...), and a field is read from its own line only;
+  - a cgroup path holding any character that is not printable is nobody's
+    unit or container: systemd never names a unit so;
+  - every such field is escaped once, here, where it is read (one_line): no
+    control character reaches a journal record, a terminal, a metric or JSON.
+"""
 
 from __future__ import annotations
 
@@ -28,13 +42,13 @@ _CONTAINER_PATTERNS = (
 class ProcInfo:
     pid: int
     ppid: int
-    comm: str            # kernel name, at most 15 characters
-    exe_name: str        # basename of argv[0] (untruncated)
-    cmdline: str
+    comm: str            # kernel name, at most 15 characters, escaped
+    exe_name: str        # basename of argv[0] (untruncated), escaped
+    cmdline: str         # escaped
     user: str
     state: str           # R, S, D, Z, T ...
     start_time: int      # clock ticks since boot: identifies the process across pid reuse
-    cgroup: str
+    cgroup: str          # escaped: compared only with paths systemd gives, which never need it
     unit: str | None     # "sglang-qwen.service", "session-3.scope", ...
     container: str | None
     # State Z with no live thread: exited, not yet reaped by its parent.  It
@@ -71,8 +85,17 @@ def wchan(pid: int) -> str:
     return (_read(f"/proc/{pid}/wchan") or "?").strip() or "-"
 
 
+def plain_name(cgroup: str) -> bool:
+    """A cgroup path that can be a unit's: every character printable (no
+    line or record separator, no escape sequence, no format character)."""
+    return cgroup.isprintable()
+
+
 def unit_of_cgroup(cgroup: str) -> str | None:
-    """The innermost systemd unit in a cgroup path (services win over slices)."""
+    """The innermost systemd unit in a cgroup path (services win over slices);
+    None for a path no unit of systemd's can have (plain_name)."""
+    if not plain_name(cgroup):
+        return None
     for part in reversed(cgroup.split("/")):
         if part.endswith((".service", ".scope")):
             return part
@@ -80,6 +103,8 @@ def unit_of_cgroup(cgroup: str) -> str | None:
 
 
 def container_of_cgroup(cgroup: str) -> str | None:
+    if not plain_name(cgroup):
+        return None
     for word, pattern, kind in _CONTAINER_PATTERNS:
         if word not in cgroup:
             continue
@@ -97,7 +122,9 @@ def read_cgroup(pid: int, tid: int | None = None) -> str:
     if raw is None:
         return ""
     v2 = systemd = ""
-    for line in raw.splitlines():
+    # One line per hierarchy, ended by "\n" alone: a name may hold "\r" and
+    # any other character str.splitlines() would split on.
+    for line in raw.split("\n"):
         hid, _, rest = line.partition(":")
         controllers, _, path = rest.partition(":")
         if hid == "0" and controllers == "":
@@ -124,16 +151,27 @@ def root_exe_name(pid: int) -> str | None:
 
 
 def _uids(pid: int) -> tuple[int, int] | None:
-    """(real, effective) uid, from the kernel's account of the process
-    (/proc/PID/status, through psutil).  Not the owner of /proc/PID: that
-    is root for a process that made itself non-dumpable (prctl), whoever
-    runs it."""
-    import psutil       # here: a start or stop that finds its GPUs free never asks
-    try:
-        uids = psutil.Process(pid).uids()
-    except psutil.Error:
+    """(real, effective) uid, from the kernel's account of the process: the
+    "Uid:" line of /proc/PID/status.  Not the owner of /proc/PID: that is
+    root for a process that made itself non-dumpable (prctl), whoever runs
+    it.  The file's first line holds the comm, which the process chose: the
+    kernel escapes a "\n" in it but not a tab, so "x\nUid:\t0" there must
+    never be taken for the real line (psutil's uids() searches the whole
+    file and is fooled).  Only a line that starts with the key counts, and
+    the last such line: the kernel writes Uid: after Name:."""
+    raw = _read(f"/proc/{pid}/status")
+    if raw is None:
         return None
-    return uids.real, uids.effective
+    found: tuple[int, int] | None = None
+    for line in raw.split("\n"):
+        key, sep, value = line.partition(":\t")
+        if key == "Uid" and sep:
+            fields = value.split("\t")
+            try:
+                found = int(fields[0]), int(fields[1])
+            except (ValueError, IndexError):
+                return None
+    return found
 
 
 def _user(pid: int) -> str:
@@ -155,7 +193,7 @@ def read_proc(pid: int) -> ProcInfo | None:
         stat = read_stat(pid)
         if stat is None:
             return None
-        comm = (_read(f"/proc/{pid}/comm") or "?").strip()
+        comm = one_line((_read(f"/proc/{pid}/comm") or "?").removesuffix("\n"))
         raw_cmd = _read(f"/proc/{pid}/cmdline") or ""
         cgroup = read_cgroup(pid)
         again = read_stat(pid)
@@ -178,10 +216,10 @@ def read_proc(pid: int) -> ProcInfo | None:
             cgroup = live
     argv = [a for a in raw_cmd.split("\0") if a] if raw_cmd else []
     return ProcInfo(pid=pid, ppid=ppid, comm=comm,
-                    exe_name=os.path.basename(argv[0]) if argv else comm,
+                    exe_name=one_line(os.path.basename(argv[0])) if argv else comm,
                     cmdline=one_line(" ".join(argv)) if argv else f"[{comm}]",
                     user=_user(pid), state=state, start_time=start_time,
-                    cgroup=cgroup, unit=unit_of_cgroup(cgroup),
+                    cgroup=one_line(cgroup), unit=unit_of_cgroup(cgroup),
                     container=container_of_cgroup(cgroup), exited=exited,
                     root_exe=root_exe_name(pid))
 

@@ -8,7 +8,10 @@ whole run, output included, ends at one deadline.  The command runs in a
 session of its own as the account given; at the deadline that session is
 sent SIGKILL (logged with pid, command line and why), and root stops
 reading at once, even where a process that left the session still holds
-the pipes (docs/trust.md)."""
+the pipes (docs/trust.md).  What it printed is escaped here, where root
+reads it: each line of a stream (split on "\n" alone) with one_line, and
+each string of a JSON answer parsed from it with escaped(), so no control
+character it chose reaches root's journal or a terminal."""
 
 from __future__ import annotations
 
@@ -20,6 +23,8 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass
+
+from ...generator.errors import one_line
 
 OUTPUT_MAX = 1 << 20
 
@@ -86,14 +91,30 @@ def run_untrusted(argv: list[str], timeout: float, env: dict[str, str],
     finally:
         child.stdout.close()
         child.stderr.close()
-    return Ran(returncode, kept[out_fd].decode(errors="replace"),
-               kept[err_fd].decode(errors="replace"), timed_out, cut)
+    return Ran(returncode, _escaped_lines(kept[out_fd]), _escaped_lines(kept[err_fd]),
+               timed_out, cut)
+
+
+def _escaped_lines(raw: bytes | bytearray) -> str:
+    return "\n".join(one_line(line) for line in raw.decode(errors="replace").split("\n"))
+
+
+def escaped(value: object) -> object:
+    """A JSON value an untrusted program printed, every string in it escaped
+    (json.loads turns a printable "\\u001b" back into ESC)."""
+    if isinstance(value, str):
+        return one_line(value)
+    if isinstance(value, list):
+        return [escaped(v) for v in value]
+    if isinstance(value, dict):
+        return {one_line(str(k)): escaped(v) for k, v in value.items()}
+    return value
 
 
 def _kill_session(child: subprocess.Popen[bytes], argv: list[str], timeout: float) -> None:
     """SIGKILL the session we started the command in (its pid is the
     session's and the process group's id), then reap the command."""
-    print(f"infer-units: sending SIGKILL to process group {child.pid} ({' '.join(argv)}): "
+    print(f"infer-units: sending SIGKILL to process group {child.pid} ({one_line(' '.join(argv))}): "
           f"still running {timeout:g}s after it started", file=sys.stderr, flush=True)
     try:
         os.killpg(child.pid, signal.SIGKILL)

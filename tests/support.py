@@ -19,6 +19,8 @@ from pathlib import Path
 
 import pytest
 
+from infer_units.helpers.facts.gpus import ProcBackend
+
 ROOT = Path(__file__).resolve().parent.parent
 TESTS = ROOT / "tests"
 # The interpreter running the tests runs the CLI too (Debian's on hosts, the
@@ -216,3 +218,27 @@ def wait_until(predicate: Callable[[], object], timeout: float = 10.0, step: flo
         time.sleep(step)
         step = min(step * 1.5, max(max_step, step))
     return bool(predicate())
+
+
+DRIVER_INFO = """Model: \t\t NVIDIA H200
+IRQ:   \t\t 94
+GPU UUID: \t {uuid}
+Video BIOS: \t 96.00.a5.00.01
+Bus Type: \t PCIe
+Device Minor: \t {minor}
+"""
+
+
+def fake_driver(tmp: Path) -> ProcBackend:
+    """The files of a loaded driver with three GPUs and no NVML (the /proc
+    backend's input), under `tmp`."""
+    proc, dev = tmp / "proc", tmp / "dev"
+    dev.mkdir(parents=True)
+    # Minor numbers need not follow PCI order.
+    for pci, minor in (("0000:41:00.0", 2), ("0000:42:00.0", 0), ("0000:c1:00.0", 1)):
+        (proc / pci).mkdir(parents=True)
+        (proc / pci / "information").write_text(DRIVER_INFO.format(uuid=f"GPU-{pci[5:7]}aa0000-1111",
+                                                            minor=minor))
+    for name in ("nvidia0", "nvidia1", "nvidia2", "nvidiactl", "nvidia-uvm"):
+        (dev / name).touch()
+    return ProcBackend(str(proc), str(dev))

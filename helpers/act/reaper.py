@@ -40,6 +40,11 @@ KILLED_POLL_S = 0.005
 UNACCOUNTED_POLL_MAX_S = 0.1
 # The only signals a reaper sends, by the names its journal lines give.
 SIGNAL_NAMES: dict[int, str] = {signal.SIGTERM: "SIGTERM", signal.SIGKILL: "SIGKILL"}
+# How long a pid the backend lists may be gone from /proc before the GPU's
+# device file is searched for a child holding its context (attribution.py):
+# well beyond the driver's teardown of a killed context, so a normal exit
+# never makes a bystander look like an heir.
+HEIR_AFTER_S = 1.0
 # wait-free: how long memory may keep coming back after the unit's own
 # processes are gone before what is left is reported as someone else's.
 SETTLE_S = 0.3
@@ -147,9 +152,16 @@ class Reaper:
         # from there for every member, the ones that appear later included.
         self._termed: dict[str, float] = {}
         self._confirmed = False     # a look found no holder after a set was signalled
+        self._vanished_since: dict[int, float] = {}   # listed pid -> first seen gone
+        self._heirs: set[int] = set()   # pids holding a gone pid's context: never listed
 
     def _attribute(self) -> Attribution:
-        return attribute(self.backend, self.gpus, self.own_unit, self.policy.ignore)
+        now = time.monotonic()
+        heirs = any(now - since >= HEIR_AFTER_S for since in self._vanished_since.values())
+        seen = attribute(self.backend, self.gpus, self.own_unit, self.policy.ignore, heirs)
+        self._vanished_since = {pid: self._vanished_since.get(pid, now) for pid in seen.vanished}
+        self._heirs |= seen.heirs
+        return seen
 
     def _now(self) -> float:
         return time.monotonic() - self.started
@@ -336,7 +348,7 @@ class Reaper:
         dropped = []
         for h in holders:
             pid = h.info.pid
-            if pid not in pids.fds or pid in listed or pids.exited(pid):
+            if pid not in pids.fds or pid in listed or pid in self._heirs or pids.exited(pid):
                 continue
             _log(f"pid {pid} no longer uses GPU {','.join(map(str, sorted(h.use.gpus)))}; "
                  f"not signalling it: {h.info.cmdline}")
@@ -402,7 +414,8 @@ class Reaper:
 
             def let_go(alive: list[int]) -> list[int]:
                 listed = self.backend.users(self.gpus)
-                done = [pid for pid in alive if pid in killed_pids and pid not in listed]
+                done = [pid for pid in alive if pid in killed_pids and pid not in listed
+                        and pid not in self._heirs]
                 if time.monotonic() >= slow_tick[0]:
                     slow_tick[0] = time.monotonic() + 1.0
                     done += [pid for pid in tick(alive) or () if pid not in done]

@@ -51,7 +51,7 @@ def holders(selector: str | None, as_json: bool) -> None:
     """Who uses which GPU: pid, user, unit or container, GPU, memory, cmdline."""
     from ..decide.attribution import attribute
     b, gpus = _gpus(selector)
-    seen = attribute(b, gpus, own_unit=None)
+    seen = attribute(b, gpus, own_unit=None, heirs=True)
     from ..facts.gpumemory import describe
     if as_json:
         echo_json({
@@ -66,7 +66,8 @@ def holders(selector: str | None, as_json: bool) -> None:
             "unaccounted_mib": {str(k): v for k, v in sorted(seen.unaccounted.items())}})
         return
     if not b.exact:
-        click.echo("note: no NVML; GPU per process is a hint from CUDA_VISIBLE_DEVICES", err=True)
+        click.echo("note: no NVML; a process is shown on every GPU whose device file it holds "
+                   "(every CUDA process holds them all)", err=True)
     rows = [("PID", "USER", "GPU", "MEM MiB", "UNIT/CONTAINER", "KIND", "COMMAND")]
     for h in seen.holders:
         i = h.info

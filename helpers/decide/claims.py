@@ -33,7 +33,7 @@ import os
 import time
 from dataclasses import dataclass
 
-from ...generator.atomicfile import Dir, UnsafePath, ensure_dir
+from ...generator.atomicfile import Dir, UnsafePath, ensure_dir, read_text
 from ...generator.paths import run_dir
 from ..facts.gpus import Gpu
 from ..facts.procinfo import read_cgroup, read_stat, unit_of_cgroup
@@ -71,6 +71,20 @@ class Claim:
             return Claim(str(d["unit"]), int(d["pid"]), int(d["start_time"]), str(d["cgroup"]))
         except (ValueError, KeyError, TypeError):
             return None          # empty (cleared) or damaged: no claim
+
+
+def claimed_gpus(unit: str, gpus: list[Gpu]) -> set[int]:
+    """Which of `gpus` the claims name `unit` on: root's record of where an
+    infer-units service runs (its start wrote it; its stop clears it).  A
+    claim file is read without its lock: a claim being written at this
+    moment belongs to a start that takes the GPU's lock before it reaps."""
+    out = set()
+    for g in gpus:
+        claim = Claim.parse((read_text(os.path.join(run_dir(), "gpu", lock_name(g)))
+                             or "") if os.geteuid() == 0 else "")
+        if claim is not None and claim.unit == unit:
+            out.add(g.index)
+    return out
 
 
 class ClaimError(Exception):

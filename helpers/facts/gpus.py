@@ -4,8 +4,13 @@ Three backends answer the same two questions:
   - NVML (nvidia-ml-py): per-GPU compute/graphics processes with host pids and
     memory.  The only exact answer: every CUDA process opens every /dev/nvidiaN,
     so device files say nothing about which GPU a process uses.
-  - /proc (driver loaded, no NVML): GPUs from /proc/driver/nvidia/gpus; users
-    are holders of /dev/nvidia* narrowed by their CUDA_VISIBLE_DEVICES (a hint).
+  - /proc (driver loaded, no NVML): GPUs from /proc/driver/nvidia/gpus; a
+    holder of /dev/nvidiaN is a user of GPU N.  Never narrowed by the
+    process's own CUDA_VISIBLE_DEVICES: a process sets its environment
+    itself, and one that names GPU 1 there may use GPU 0 all the same
+    (docs/trust.md).  So every CUDA process counts on every GPU; another
+    model's processes are narrowed by root's record of its GPUs (its start
+    claims, decide/attribution.py).
   - fake (INFER_UNITS_FAKE_GPUS=gpus.json): a process uses fake GPU k exactly
     when it holds k's `device` file open.  For tests on machines without GPUs.
 """
@@ -186,6 +191,47 @@ def fd_holders(paths: set[str]) -> dict[int, set[str]]:
     return FdScan(paths).held
 
 
+def maps_file(pid: int, path: str) -> bool:
+    """Whether process `pid` has `path` mapped into its memory.  A CUDA
+    process maps its GPU's device file; a monitor that only asks NVML holds
+    the file open and maps nothing (docs/trust.md).  /proc/PID/maps is the
+    kernel's text: a "\n" in a file name is escaped there, so a line is one
+    mapping, and its name field must be the whole path (or, for a node seen
+    through another root, a path ending in it that is the same node)."""
+    try:
+        with open(f"/proc/{pid}/maps", "rb") as f:
+            raw = f.read().decode(errors="replace")
+    except OSError:
+        return False
+    for line in raw.split("\n"):
+        fields = line.split(maxsplit=5)
+        if len(fields) < 6:
+            continue
+        name = fields[5]
+        if name == path or (path.startswith("/") and name.endswith(path)
+                            and _file_id(name) == _file_id(path)):
+            return True
+    return False
+
+
+def context_heirs(devices: dict[str, int], listed: set[int]) -> dict[int, GpuUse]:
+    """Who holds a GPU context whose creator is gone: a child forked after
+    cuInit inherits the context (the device file's descriptors and
+    mappings), and when the creator dies NVML goes on naming the dead pid
+    while the child keeps the memory.  The live processes that hold and map
+    one of `devices` (device file -> GPU index) and that NVML lists on no GPU
+    (`listed`): a process with a context of its own elsewhere is listed
+    there, and a monitor maps no device file."""
+    heirs: dict[int, GpuUse] = {}
+    for pid, files in fd_holders(set(devices)).items():
+        if pid in listed:
+            continue
+        on = {devices[f] for f in files if maps_file(pid, f)}
+        if on:
+            heirs[pid] = GpuUse(pid, on)
+    return heirs
+
+
 # ------------------------------------------------------------------ fake backend
 
 class FakeBackend(Backend):
@@ -198,6 +244,10 @@ class FakeBackend(Backend):
                             set to null: not supported, so unknown)
       "driver"              {"version": "580.159.04", "cuda": 13000} (default:
                             unknown), what nvmlSystemGetCudaDriverVersion_v2 says
+      "listed_pids"         the pids NVML lists on this GPU, in place of the holders of
+                            `device`: NVML names a context by the process that created it,
+                            also once that process is gone and a child it forked after
+                            cuInit holds the context (measured on an H100)
     The table is re-read when its file changes, so a test can change
     memory_used_mib while a command runs (write a new file and rename it)."""
 
@@ -220,6 +270,7 @@ class FakeBackend(Backend):
                 table = json.loads(f.read())
             from .health import parse_fake_health
             gpus, extra, health = [], {}, {}
+            listed: dict[int, list[int]] = {}
             driver = table.get("driver")
             if driver is not None and (not isinstance(driver, dict) or set(driver) - {"version", "cuda"}
                                        or not isinstance(driver.get("version", ""), str)):
@@ -234,6 +285,8 @@ class FakeBackend(Backend):
                 gpus.append(gpu)
                 extra[gpu.index] = (_whole(g.get("process_memory_mib", 0)),
                                     _whole(g.get("reserved_mib", 0)))
+                if g.get("listed_pids") is not None:
+                    listed[gpu.index] = [_whole(pid) for pid in g["listed_pids"]]
                 try:
                     health[gpu.index] = parse_fake_health(g.get("health"))
                 except ValueError as e:
@@ -243,6 +296,7 @@ class FakeBackend(Backend):
         except Exception as e:   # any shape of bad file is one line, not a traceback
             raise GpuError(f"INFER_UNITS_FAKE_GPUS={path}: {type(e).__name__}: {e}") from None
         self._gpus, self._extra, self._stamp = gpus, extra, stamp
+        self._listed = listed
         self._health, self._driver = health, driver or {}
 
     def gpus(self) -> list[Gpu]:
@@ -256,8 +310,14 @@ class FakeBackend(Backend):
         self.unseen = scan.unseen
         uses: dict[int, GpuUse] = {}
         for pid, files in scan.held.items():
-            on = {by_device[f] for f in files}
-            uses[pid] = GpuUse(pid, on, {k: self._extra.get(k, (0, 0))[0] for k in on})
+            on = {by_device[f] for f in files} - set(self._listed)
+            if on:
+                uses[pid] = GpuUse(pid, on, {k: self._extra.get(k, (0, 0))[0] for k in on})
+        for g in gpus:
+            for pid in self._listed.get(g.index, ()):
+                use = uses.setdefault(pid, GpuUse(pid))
+                use.gpus.add(g.index)
+                use.memory_mib[g.index] = self._extra[g.index][0]
         return uses
 
     def memory(self, gpus: list[Gpu]) -> dict[int, tuple[int, int]]:
@@ -435,17 +495,6 @@ def _parse_information(text: str) -> dict[str, str]:
     return fields
 
 
-def _visible_devices(pid: int) -> str | None:
-    try:
-        with open(f"/proc/{pid}/environ", "rb") as f:
-            for item in f.read().split(b"\0"):
-                if item.startswith(b"CUDA_VISIBLE_DEVICES="):
-                    return item.split(b"=", 1)[1].decode(errors="replace")
-    except OSError:
-        pass
-    return None
-
-
 class ProcBackend(Backend):
     name = "proc"
     exact = False
@@ -469,19 +518,10 @@ class ProcBackend(Backend):
         return out
 
     def users(self, gpus: list[Gpu]) -> dict[int, GpuUse]:
-        every = self.gpus()
-        uses: dict[int, GpuUse] = {}
-        wanted = {g.index for g in gpus}
-        scan = FdScan({g.device for g in every})
+        by_device = {g.device: g.index for g in gpus}
+        scan = FdScan(set(by_device))
         self.unseen = scan.unseen
-        for pid, _files in scan.held.items():
-            visible = _visible_devices(pid)
-            on = {g.index for g in every} if visible is None else \
-                {g.index for g in select(every, visible, strict=False)}
-            on &= wanted
-            if on:
-                uses[pid] = GpuUse(pid, on)
-        return uses
+        return {pid: GpuUse(pid, {by_device[f] for f in files}) for pid, files in scan.held.items()}
 
     def device_files(self) -> list[str]:
         return _nvidia_device_files(self.dev_dir)

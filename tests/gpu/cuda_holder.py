@@ -1,9 +1,12 @@
 """A process that holds GPU memory, optionally with spawned workers that
-outlive it (torch.multiprocessing spawn, as SGLang and vLLM start TP workers).
+outlive it (torch.multiprocessing spawn, as SGLang and vLLM start TP workers),
+or with a child forked after its context exists (fork): the child inherits
+the context, and NVML goes on naming this process for it once it is gone.
 
-    python3 cuda_holder.py GIB [spawn]
+    python3 cuda_holder.py GIB [spawn | fork]
 """
 
+import os
 import signal
 import sys
 import time
@@ -32,6 +35,12 @@ if __name__ == "__main__":
         for p in procs:
             p.start()
         print("workers", " ".join(str(p.pid) for p in procs), flush=True)
+    if "fork" in sys.argv[2:]:
+        heir = os.fork()
+        if heir == 0:
+            while True:
+                time.sleep(60)
+        print("workers", heir, flush=True)
     print("ready", flush=True)
     while True:
         time.sleep(60)

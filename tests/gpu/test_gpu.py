@@ -40,9 +40,10 @@ if not GPUS:
 HOLDER = Path(__file__).with_name("cuda_holder.py")
 
 
-def cuda_holder(gpu: int, gib: float = 2.0, spawn: bool = False) -> tuple[subprocess.Popen, list[int]]:
+def cuda_holder(gpu: int, gib: float = 2.0, spawn: bool = False,
+                fork: bool = False) -> tuple[subprocess.Popen, list[int]]:
     env = dict(os.environ, CUDA_VISIBLE_DEVICES=str(gpu), CUDA_DEVICE_ORDER="PCI_BUS_ID")
-    argv = [PYTHON, str(HOLDER), str(gib)] + (["spawn"] if spawn else [])
+    argv = [PYTHON, str(HOLDER), str(gib)] + (["spawn"] if spawn else []) + (["fork"] if fork else [])
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True, env=env)
     assert proc.stdout is not None
     workers: list[int] = []
@@ -134,6 +135,46 @@ def test_orphaned_workers_are_reaped_and_their_memory_comes_back() -> None:
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
+
+
+def test_a_context_kept_by_a_forked_child_is_found_and_reaped() -> None:
+    """A creates a context, forks B, A is killed: the driver keeps the
+    context in B and NVML lists only A's pid, which no longer exists.  The
+    reaper signalled nothing and timed out (exit 3) while B kept the memory."""
+    gpu = GPUS[0]["index"]
+    base = _used_mib(gpu)
+    creator, [heir] = cuda_holder(gpu, gib=4.0, fork=True)
+    try:
+        creator.kill()
+        creator.wait()
+        assert wait_until(lambda: creator.pid in holders_pids(gpu), 10), "NVML dropped the creator"
+        assert _used_mib(gpu) > base + 3000
+        done = run_cli("reap", "--json", "--gpus", str(gpu), "--term-grace", "2s",
+                       "--timeout", "30s")
+        report = json.loads(done.stdout)
+        assert done.returncode == 0, (done.stderr, report)
+        assert heir in {a["pid"] for a in report["actions"]}, report
+        assert [a for a in report["actions"] if a["pid"] == heir][0]["why"].endswith(
+            f"a context NVML names by gone pid {creator.pid}"), report
+        assert not os.path.exists(f"/proc/{heir}")
+        assert _used_mib(gpu) < base + 500
+    finally:
+        try:
+            os.kill(heir, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def holders_pids(gpu: int) -> set[int]:
+    import pynvml
+    h = pynvml.nvmlDeviceGetHandleByIndex(gpu)
+    return {p.pid for p in pynvml.nvmlDeviceGetComputeRunningProcesses(h)}
+
+
+def _used_mib(gpu: int) -> int:
+    import pynvml
+    used: int = pynvml.nvmlDeviceGetMemoryInfo(pynvml.nvmlDeviceGetHandleByIndex(gpu)).used
+    return used >> 20
 
 
 def test_status_without_systemd_still_shows_the_gpus(tmp_path: Path) -> None:

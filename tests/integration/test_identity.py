@@ -216,3 +216,71 @@ def test_drain_plans_every_unit_state(state: str, job: str, left_after_fence: bo
     reloading units, and recorded nothing else."""
     from infer_units.helpers.act.drain import plan
     assert plan(state, job, left_after_fence) == expected
+
+
+# Attribution on the /proc backend (no NVML) for `unit`, as the hooks ask it:
+# argv: proc dir, dev dir, own unit, GPU selector.  Prints pid -> kind.
+ATTRIBUTE_WITHOUT_NVML = r"""
+import json, sys
+from infer_units.helpers.decide.attribution import attribute
+from infer_units.helpers.facts.gpus import ProcBackend, select
+b = ProcBackend(sys.argv[1], sys.argv[2])
+seen = attribute(b, select(b.gpus(), sys.argv[4]), sys.argv[3])
+print(json.dumps({h.info.pid: [h.kind, sorted(h.use.gpus)] for h in seen.holders}))
+"""
+
+
+def test_without_nvml_another_model_is_on_the_gpus_its_start_claimed(tmp_path: Path) -> None:
+    """Every CUDA process holds every device file.  Without NVML, a process
+    is narrowed to fewer GPUs only by root's record (the start claims of
+    its infer-units service), never by the CUDA_VISIBLE_DEVICES it set
+    itself: a local account's process naming GPU 1 there while holding GPU
+    0's node was no user of GPU 0, and its start said "GPUs free"."""
+    _v1_writable()
+    from infer_units.helpers.decide.claims import Claim, lock_name
+    from ..support import fake_driver
+    backend = fake_driver(tmp_path)
+    gpus = backend.gpus()
+    every = [str(p) for p in sorted((tmp_path / "dev").iterdir())]
+    modelb = f"modelb-{TAG}.service"
+    generator = _generated(tmp_path, modelb, f"modela-{TAG}.service")
+    cgroup = SYSTEMD_V1 / "system.slice" / modelb
+    cgroup.mkdir(parents=True, exist_ok=True)
+    run = tmp_path / "run"
+    (run / "gpu").mkdir(parents=True)
+    code = ("import os, sys, time; fs = [open(p) for p in sys.argv[1:]]; "
+            "print('ready', flush=True); time.sleep(120)")
+
+    def holder(env: dict[str, str], enter: Path | None) -> subprocess.Popen[str]:
+        def move() -> None:
+            if enter is not None:
+                (enter / "cgroup.procs").write_text(str(os.getpid()))
+        p = subprocess.Popen([PYTHON, "-c", code, *every], preexec_fn=move, env=env,
+                             stdout=subprocess.PIPE, text=True)
+        assert p.stdout is not None and p.stdout.readline().strip() == "ready"
+        return p
+
+    def kinds(selector: str) -> dict[int, list[object]]:
+        done = subprocess.run([PYTHON, "-c", ATTRIBUTE_WITHOUT_NVML, str(tmp_path / "proc"),
+                               str(tmp_path / "dev"), f"modela-{TAG}.service", selector],
+                              capture_output=True, text=True, timeout=60,
+                              env=base_env(INFER_UNITS_GENERATOR_DIR=generator,
+                                           INFER_UNITS_RUN_DIR=str(run)))
+        assert done.returncode == 0, done.stderr
+        return {int(k): v for k, v in json.loads(done.stdout).items()}
+
+    server = holder(dict(os.environ, CUDA_VISIBLE_DEVICES="0"), cgroup)
+    hog = holder(dict(os.environ, CUDA_VISIBLE_DEVICES="1"), None)
+    try:
+        (run / "gpu" / lock_name(gpus[1])).write_text(
+            Claim(modelb, 1, 1, f"/system.slice/{modelb}").as_text())
+        found = kinds("0")
+        assert found.get(hog.pid) == ["foreign", [0]], found
+        assert server.pid not in found, found        # modelb claimed GPU 1, not 0
+        assert kinds("1").get(server.pid) == ["service", [1]]
+    finally:
+        for p in (server, hog):
+            p.kill()
+            p.wait()
+        (SYSTEMD_V1 / "cgroup.procs").write_text(str(os.getpid()))
+        cgroup.rmdir()

@@ -123,7 +123,7 @@ def test_usage_goes_to_stderr_not_kmsg(tmp_path: Path) -> None:
 
 def test_a_journal_line_is_one_write_and_a_closed_stderr_is_no_error() -> None:
     """say() writes a whole line at once (pre-start also says things from a
-    thread), and with stderr closed it goes to stdout, as print(file=None)
+    thread), a newline in the message escaped (one message, one record), and with stderr closed it goes to stdout, as print(file=None)
     did, or nowhere, without raising."""
     done = subprocess.run([PYTHON, "-IS", "-c", (
         "import sys; sys.path.insert(0, sys.argv[1])\n"
@@ -134,7 +134,7 @@ def test_a_journal_line_is_one_write_and_a_closed_stderr_is_no_error() -> None:
         "    def write(self, text): self.writes.append(text)\n"
         "    def flush(self): pass\n"
         "s = Stream(); say(5, 'two\\nlines', stream=s)\n"
-        "assert s.writes == ['<5>infer-units: two lines\\n'], s.writes\n"
+        "assert s.writes == ['<5>infer-units: two\\\\nlines\\n'], s.writes\n"
         "sys.stderr = None; say(5, 'to stdout')\n"
         "sys.stdout.flush(); sys.stdout = None; say(5, 'nowhere')\n"),
         str(Path(__file__).resolve().parents[2])], capture_output=True, text=True, timeout=60)

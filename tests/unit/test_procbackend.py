@@ -1,7 +1,7 @@
 """The /proc backend (driver loaded, no NVML) on real files and processes:
 GPUs from /proc/driver/nvidia/gpus/*/information, users from holders of the
-device nodes narrowed by their CUDA_VISIBLE_DEVICES.  Like real CUDA
-processes, every holder here opens every node."""
+device nodes, whatever their own environment says.  Like real CUDA
+processes, most holders here open every node."""
 
 from __future__ import annotations
 
@@ -9,30 +9,8 @@ import os
 import subprocess
 from pathlib import Path
 
-from infer_units.helpers.facts.gpus import ProcBackend, select
-from ..support import PYTHON
-
-INFO = """Model: \t\t NVIDIA H200
-IRQ:   \t\t 94
-GPU UUID: \t {uuid}
-Video BIOS: \t 96.00.a5.00.01
-Bus Type: \t PCIe
-Device Minor: \t {minor}
-"""
-
-
-def fake_driver(tmp: Path) -> ProcBackend:
-    proc, dev = tmp / "proc", tmp / "dev"
-    dev.mkdir(parents=True)
-    # Minor numbers need not follow PCI order.
-    for pci, minor in (("0000:41:00.0", 2), ("0000:42:00.0", 0), ("0000:c1:00.0", 1)):
-        (proc / pci).mkdir(parents=True)
-        (proc / pci / "information").write_text(INFO.format(uuid=f"GPU-{pci[5:7]}aa0000-1111",
-                                                            minor=minor))
-    for name in ("nvidia0", "nvidia1", "nvidia2", "nvidiactl", "nvidia-uvm"):
-        (dev / name).touch()
-    return ProcBackend(str(proc), str(dev))
-
+from infer_units.helpers.facts.gpus import select
+from ..support import PYTHON, fake_driver
 
 def holder(devices: list[str], visible: str | None) -> subprocess.Popen:
     env = dict(os.environ)
@@ -55,22 +33,26 @@ def test_gpus_come_in_pci_order_with_their_minor_and_uuid(tmp_path: Path) -> Non
     assert [g.index for g in select(gpus, "c1:00.0,GPU-41aa0000-1111")] == [2, 0]
 
 
-def test_users_are_narrowed_by_cuda_visible_devices(tmp_path: Path) -> None:
+def test_a_holders_own_environment_narrows_none_of_its_devices(tmp_path: Path) -> None:
+    """A process sets its CUDA_VISIBLE_DEVICES itself: one holding every
+    node that names GPU 1 there was no user of GPU 0, and a reap of GPU 0
+    said "GPUs free" beside it."""
     b = fake_driver(tmp_path)
     every = [str(p) for p in sorted((tmp_path / "dev").iterdir())]
     on1 = holder(every, "1")
     by_uuid = holder(every, "GPU-41aa0000-1111")
-    unknown = holder(every, None)              # no hint: could be any GPU
+    unknown = holder(every, None)
+    only_minor1 = holder([str(tmp_path / "dev/nvidia1"), str(tmp_path / "dev/nvidiactl")], "0")
     try:
         users = b.users(b.gpus())
-        assert users[on1.pid].gpus == {1}
-        assert users[by_uuid.pid].gpus == {0}
-        assert users[unknown.pid].gpus == {0, 1, 2}
-        only2 = b.users(select(b.gpus(), "2"))
-        assert set(only2) == {unknown.pid}
+        for p in (on1, by_uuid, unknown):
+            assert users[p.pid].gpus == {0, 1, 2}
+        assert users[only_minor1.pid].gpus == {2}      # nvidia1 is GPU 2's node
+        only0 = b.users(select(b.gpus(), "0"))
+        assert set(only0) == {on1.pid, by_uuid.pid, unknown.pid}
         assert b.exact is False
         assert set(b.device_files()) == set(every)
     finally:
-        for p in (on1, by_uuid, unknown):
+        for p in (on1, by_uuid, unknown, only_minor1):
             p.kill()
             p.wait()

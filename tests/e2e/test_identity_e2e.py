@@ -98,6 +98,60 @@ def test_a_users_unit_named_like_a_model_is_reaped_by_start_and_drain(box) -> No
         _cleanup(box, "id-a", "id-b")
 
 
+# A user's GPU hog that moves itself into a cgroup of its own naming, beside
+# its own in its user manager's delegated subtree, in the hierarchy systemd
+# tracks units by (name=systemd on a hybrid host), and says its pid.  The
+# name holds a "\r" and then what a line of /proc/PID/cgroup for modelb says.
+SELF_NAMED = r"""
+import os, time
+f = open("/var/lib/fakegpu/nvidia3", "rb")
+lines = open("/proc/self/cgroup").read().split("\n")
+v1 = [line.split(":", 2)[2] for line in lines if line.split(":")[1:2] == ["name=systemd"]]
+if v1:
+    mount, own, line = "/sys/fs/cgroup/systemd", v1[0], "x\r1:name=systemd:"
+else:
+    mount, own, line = "/sys/fs/cgroup", lines[0].split(":", 2)[2], "x\r0::"
+cgroup = os.path.join(mount + os.path.dirname(own), line, "system.slice", "id-d.service")
+os.makedirs(cgroup)
+with open(os.path.join(cgroup, "cgroup.procs"), "w") as procs:
+    procs.write(str(os.getpid()))
+with open("/tmp/self-named.pid.new", "w") as out:
+    out.write(str(os.getpid()))
+os.rename("/tmp/self-named.pid.new", "/tmp/self-named.pid")
+time.sleep(3600)
+"""
+
+
+def test_a_cgroup_named_with_a_line_separator_is_not_a_models(box) -> None:
+    """The kernel refuses only "\\n" in a cgroup's name.  A user's cgroup
+    .../app.slice/x\\r0::/system.slice/id-d.service, read line by line with
+    splitlines(), was id-d's: the hog there on id-c's GPU refused id-c's
+    start (exit 2, no automatic restart) and was never reaped."""
+    add_model(box, "id-c", model_toml("id-c", [3], 18331))
+    add_model(box, "id-d", model_toml("id-d", [4], 18332))
+    box.sh("systemctl daemon-reload; rm -f /tmp/self-named.pid")
+    uid = _user_manager(box)
+    box.write("/var/lib/self-named.py", SELF_NAMED)
+    try:
+        _as_hog(box, uid, "systemd-run --user --collect --unit=self-named /usr/bin/python3 "
+                          "/var/lib/self-named.py")
+        assert wait_until(lambda: box.sh("test -s /tmp/self-named.pid",
+                                         check=False).returncode == 0, timeout=30), \
+            _as_hog(box, uid, "journalctl --user -u self-named -n 20", check=False).stdout
+        pid = int(box.sh("cat /tmp/self-named.pid").stdout)
+        assert ":/system.slice/id-d.service" in box.sh(f"cat /proc/{pid}/cgroup").stdout
+        start = box.sh("systemctl start id-c", check=False)
+        assert start.returncode == 0, box.journal("id-c.service")[-3000:]
+        assert wait_until(lambda: not alive(box, pid), timeout=30)
+        journal = box.journal("id-c.service")
+        assert f"sending SIGTERM to pid {pid} (user hog" in journal, journal[-3000:]
+        assert "belongs to infer-units service id-d" not in journal
+    finally:
+        _as_hog(box, uid, "systemctl --user stop self-named.service", check=False)
+        box.sh("rm -f /tmp/self-named.pid", check=False)
+        _cleanup(box, "id-c", "id-d")
+
+
 # ------------------------------------------------------------------ #10
 
 def test_drain_while_a_unit_restarts_stops_records_and_resumes_it(box) -> None:

@@ -370,6 +370,32 @@ def test_a_restart_is_saved_before_systemd_is_asked(health: Health, tmp_path: Pa
     assert seen[-1]["capped"]
 
 
+def test_a_restart_the_group_watch_counts_during_a_probe_is_kept(
+        health: Health, tmp_path: Path, journal) -> None:
+    """The probe read its state, probed for up to its timeout, then saved:
+    a restart the group watch counted meanwhile was written over, and the
+    cap lost it.  The state is read and saved under one lock, after the probe."""
+    from types import SimpleNamespace
+    from infer_units.generator.liveness import Liveness
+    from infer_units.helpers.act import groupwatch
+    from ..support import wait_until
+    health.mode = "hang"
+    cfg = cfg_for(health.url, timeout=3.0, max_restarts=3)
+    probe = threading.Thread(target=lv.run_probe, args=(cfg, RecordingSystemd(), str(tmp_path)))
+    probe.start()
+    try:
+        assert wait_until(lambda: health.requests == 1)        # probing now
+        model = SimpleNamespace(name="m", unit_name="m.service", env={
+            "INFER_UNITS_LIVENESS_DIR": str(tmp_path)}, liveness=Liveness(
+                cfg.interval, cfg.failures, cfg.timeout, 3, cfg.restart_window))
+        assert groupwatch.restart_counted(model, UP, "a rank left", RecordingSystemd())
+    finally:
+        probe.join()
+    state = json.loads((tmp_path / "m.liveness.json").read_text())
+    assert state["restarts_total"] == 1 and len(state["restarts"]) == 1, state
+    assert state["consecutive_failures"] == 1, state
+
+
 def test_refused_jobs_are_not_counted_and_leave_no_marker(health: Health, tmp_path: Path,
                                                          journal) -> None:
     health.mode = "503"

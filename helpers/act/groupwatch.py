@@ -17,7 +17,8 @@ engine sees):
           restarted.  A rank is known by its host's address, which no one
           elsewhere can take for an established connection: a connection
           from any other address is not a rank, whoever opens and closes
-          it (docs/trust.md).  A host whose name has no address here is
+          it, nor one whose socket here is not the model's user's
+          (docs/trust.md).  A host whose name has no address here is
           not watched: said once, named by `status`, never counted missing;
   worker  its connection to the head's rendezvous, a socket of the model's
           user (another account's connection to the head is not this
@@ -208,12 +209,14 @@ def run(name: str, poll_s: float = POLL_S, systemd: Any = None,
     what = (f"rank 0: the ranks connected to port {nodes.addr_port}" if nodes.is_head
             else f"rank {nodes.rank}: its connection to the head's rendezvous {nodes.addr}")
     print(f"<6>{unit}: watching {what}", flush=True)
-    # A worker's own connection to the head is its server's socket, owned by
-    # the model's user: another account on this host that keeps a connection
-    # of its own to the head's rendezvous must not hide the head's leaving.
-    # (The head's accepted sockets are all its server's: there a rank is
-    # known by its host's address.)
-    owner = None if nodes.is_head else pwd.getpwnam(model.user or "root").pw_uid
+    # A rank's connection is a socket of the model's user at both ends: the
+    # worker's to the head is its server's, the head's accepted ones are its
+    # server's.  Another account can hold a connection of its own between
+    # the same addresses: on a worker, to the head's rendezvous; on the head,
+    # one bound to the rendezvous port (SO_REUSEADDR, before the server
+    # listens) and connected to any port of a rank's host.  Counted, either
+    # would hide a leaving; the kernel's uid column tells them apart.
+    owner = pwd.getpwnam(model.user or "root").pw_uid
     watch = Watch(len(seen) if nodes.is_head else 1)
     n = 0
     while looks is None or n < looks:

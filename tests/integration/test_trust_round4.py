@@ -549,6 +549,59 @@ def test_another_accounts_connection_to_the_head_does_not_hide_its_leaving(
                 p.wait()
 
 
+STAND_IN = r"""
+import socket, sys, time
+s = socket.socket()
+s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind(("10.213.7.1", 29500))        # the rendezvous port, before the server listens
+s.connect((sys.argv[1], int(sys.argv[2])))
+print("joined", flush=True)
+time.sleep(600)
+"""
+
+
+def test_another_account_on_the_head_cannot_stand_in_for_a_rank(
+        attacker, netns: list[str], tmp_path: Path) -> None:
+    """On the head, any account could bind the rendezvous port with
+    SO_REUSEADDR before the server listened (the server's own bind, with
+    SO_REUSEADDR, still succeeds) and connect from it to any open port of a
+    rank's host: an established connection from the rendezvous port to the
+    rank's address, which the head's watch took for the rank, so the rank's
+    leaving was never seen."""
+    from tests.support import PYTHON
+    config, state = tmp_path / "etc", tmp_path / "state"
+    config.mkdir()
+    (config / "mn.toml").write_text(GROUP_MODEL.format(state=state))
+    procs: list[subprocess.Popen[str]] = []
+    try:
+        # any service of the rank's host (its sshd, its dummy health port)
+        procs.append(subprocess.Popen([*netns, PYTHON, "-c", (
+            "import socket, time\n"
+            f"s = socket.socket(); s.bind(('{RANK_IP}', 2222)); s.listen(8)\n"
+            "print('up', flush=True); time.sleep(600)\n")], text=True, stdout=subprocess.PIPE))
+        assert procs[0].stdout is not None and procs[0].stdout.readline().strip() == "up"
+        stand_in = subprocess.Popen([*netns, "setpriv", f"--reuid={attacker.pw_uid}",
+                                     f"--regid={attacker.pw_gid}", "--clear-groups", PYTHON,
+                                     "-I", "-c", STAND_IN, RANK_IP, "2222"], text=True,
+                                    stdout=subprocess.PIPE)
+        procs.append(stand_in)
+        assert stand_in.stdout is not None and stand_in.stdout.readline().strip() == "joined"
+        procs.append(_rendezvous(netns))
+        rank = subprocess.Popen([*netns, PYTHON, "-c", HOLD_RANK, RANK_IP], text=True,
+                                stdout=subprocess.PIPE)
+        procs.append(rank)
+        assert rank.stdout is not None and rank.stdout.readline().strip() == "joined"
+        watch = _watch(netns, config, 40)
+        rank.kill()
+        rank.wait()
+        out, err = watch.communicate(timeout=60)
+        assert _asked(out) == ["try_restart mn.service"], out + err
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+
+
 def _rendezvous(enter: list[str]) -> subprocess.Popen[str]:
     from tests.support import PYTHON
     served = subprocess.Popen([*enter, PYTHON, "-c", (

@@ -16,6 +16,7 @@ is asked through facts/systemd.py (Liveness).
 
 from __future__ import annotations
 
+import copy
 import fcntl
 import json
 import os
@@ -166,7 +167,7 @@ def restart_or_cap(unit: str, directory: str, state: dict[str, Any], now: float,
     one the cap never sees."""
     path = state_path(unit, directory)
     state["restarts"] = [t for t in state.get("restarts", []) if now - t < restart_window]
-    before = json.loads(json.dumps(state))
+    before = copy.deepcopy(state)
     count = len(state["restarts"])
     marker = cap_marker(_name(unit), directory)
     if count < max_restarts:

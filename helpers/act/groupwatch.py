@@ -17,7 +17,9 @@ engine sees):
           restarted.  A rank is known by its host's address, which no one
           elsewhere can take for an established connection: a connection
           from any other address is not a rank, whoever opens and closes
-          it (docs/trust.md);
+          it, nor one whose socket here is not the model's user's
+          (docs/trust.md).  A host whose name has no address here is
+          not watched: said once, named by `status`, never counted missing;
   worker  its connection to the head's rendezvous, a socket of the model's
           user (another account's connection to the head is not this
           rank's); gone means the head went away (restarted, stopped,
@@ -28,8 +30,9 @@ the GPUs; a worker parks in pre-start until the head forms a new group), and
 the group heals in about the head's load time.  Only while the model is
 active and running with no job queued.  Each restart is a journal line and
 counts toward [liveness] max-restarts within restart-window, as liveness'
-own do: at the cap the model is stopped and left failed, so no one can
-restart a model without end by what its rank's watch sees.
+own do, counted and saved before systemd is asked (liveness.restart_or_cap):
+at the cap the model is stopped and left failed, so no one can restart a
+model without end by what its rank's watch sees.
 """
 
 from __future__ import annotations
@@ -138,45 +141,43 @@ class Watch:
 def restart_counted(model: Any, state: Any, why: str, systemd: Any,
                     now: float | None = None) -> bool:
     """Restart the model through systemd, counted with liveness' restarts
-    in its state file; at [liveness] max-restarts within restart-window,
-    stop it and leave it failed instead.  True when systemd took the job."""
-    from ...generator.atomicfile import write_file
-    from ...generator.liveness import cap_marker, state_dir
-    from .liveness import (ERR, WARNING, journal_line, load_state, record_cap, record_restart,
-                           save_state, state_path)
+    in its state file (liveness.restart_or_cap: counted and saved before
+    systemd is asked, since the restart stops this watch at once, PartOf=);
+    at [liveness] max-restarts within restart-window, stop it and leave it
+    failed instead.  True when systemd took the job."""
+    from ...generator.liveness import state_dir
+    from .liveness import load_state, restart_or_cap, state_lock, state_path
     unit, live = model.unit_name, model.liveness
     directory = state_dir({**os.environ, **model.env})
-    path = state_path(unit, directory)
-    saved = load_state(path)
-    now = time.time() if now is None else now
-    recent = [t for t in saved.get("restarts", []) if now - t < live.restart_window]
-    saved["restarts"] = recent
     why = f"{why} (no engine lets a rank rejoin a running group; group watch)"
-    if len(recent) < live.max_restarts:
-        # Said first: the restart stops this watch too (PartOf=), at once.
-        journal_line(f"liveness: restarting {unit}: {why} (liveness restart {len(recent) + 1} "
-                     f"of {live.max_restarts})", WARNING, unit)
-        failed = systemd.try_restart(unit)
-        if failed is None:
-            record_restart(saved, now, why)
-            save_state(path, saved)
-            return True
-        print(f"<3>{unit}: could not restart it: {failed}", flush=True)
-        return False
-    marker = cap_marker(model.name, directory)
-    write_file(marker, state.invocation, dir_mode=0o755)
-    journal_line(f"liveness: stopping {unit} and leaving it failed: {why}; {len(recent)} "
-                 f"liveness restarts within the restart window is the cap (max-restarts = "
-                 f"{live.max_restarts}); start it by hand once fixed (systemctl start {unit})",
-                 ERR, unit)
-    failed = systemd.stop(unit)
-    if failed is None:
-        record_cap(saved, now, why)
-        save_state(path, saved)
-        return True
-    os.unlink(marker)
-    print(f"<3>{unit}: could not stop it at the restart cap: {failed}", flush=True)
-    return False
+    with state_lock(unit, directory):
+        saved = load_state(state_path(unit, directory))
+        return restart_or_cap(unit, directory, saved, time.time() if now is None else now, why,
+                              live.max_restarts, live.restart_window, state.invocation,
+                              systemd) is not None
+
+
+def other_ranks(nodes: Any) -> tuple[dict[str, set[str]], list[tuple[int, str]]]:
+    """The head's view of the other ranks: {host: its addresses here} of
+    those it can see, and (rank, host) of those whose name has no address
+    here.  A rank the head cannot see is not watched at all (neither its
+    joining nor its leaving shows, so counting it missing would restart a
+    whole group for a name); liveness still probes the group's health."""
+    seen: dict[str, set[str]] = {}
+    unseen: list[tuple[int, str]] = []
+    for rank, host in enumerate(nodes.hosts):
+        if rank != nodes.rank:
+            found = resolve(host)
+            if found:
+                seen[host] = found
+            else:
+                unseen.append((rank, host))
+    return seen, unseen
+
+
+def not_watched(host: str) -> str:
+    """How `status` and the watch's journal name a rank the head cannot see."""
+    return f"not watched: {host} has no address here"
 
 
 def run(name: str, poll_s: float = POLL_S, systemd: Any = None,
@@ -198,29 +199,33 @@ def run(name: str, poll_s: float = POLL_S, systemd: Any = None,
     unit = model.unit_name
     systemd = systemd or Systemd()
     head_addrs = resolve(nodes.addr_host)
-    ranks: set[str] = set()
-    for rank, host in enumerate(nodes.hosts):
-        if rank != nodes.rank:
-            found = resolve(host)
-            if not found:
-                print(f"<4>{unit}: rank {rank}'s host {host} has no address here: its "
-                      "leaving cannot be seen", flush=True)
-            ranks |= found
+    seen: dict[str, set[str]] = {}
+    if nodes.is_head:
+        seen, unseen = other_ranks(nodes)
+        for rank, host in unseen:
+            print(f"<4>{unit}: rank {rank}: {not_watched(host)} (its leaving cannot be seen "
+                  "and is not counted missing; liveness still probes the group)", flush=True)
+    ranks: set[str] = set().union(*seen.values())
     what = (f"rank 0: the ranks connected to port {nodes.addr_port}" if nodes.is_head
             else f"rank {nodes.rank}: its connection to the head's rendezvous {nodes.addr}")
     print(f"<6>{unit}: watching {what}", flush=True)
-    # A worker's own connection to the head is its server's socket, owned by
-    # the model's user: another account on this host that keeps a connection
-    # of its own to the head's rendezvous must not hide the head's leaving.
-    # (The head's accepted sockets are all its server's: there a rank is
-    # known by its host's address.)
-    owner = None if nodes.is_head else pwd.getpwnam(model.user or "root").pw_uid
-    watch = Watch(nodes.count - 1 if nodes.is_head else 1)
+    # A rank's connection is a socket of the model's user at both ends: the
+    # worker's to the head is its server's, the head's accepted ones are its
+    # server's.  Another account can hold a connection of its own between
+    # the same addresses: on a worker, to the head's rendezvous; on the head,
+    # one bound to the rendezvous port (SO_REUSEADDR, before the server
+    # listens) and connected to any port of a rank's host.  Counted, either
+    # would hide a leaving; the kernel's uid column tells them apart.
+    owner = pwd.getpwnam(model.user or "root").pw_uid
+    watch = Watch(len(seen) if nodes.is_head else 1)
     n = 0
     while looks is None or n < looks:
         n += 1
-        gone = watch.look(group_peers(nodes.is_head, nodes.addr_port, head_addrs,
-                                      established(owner=owner), ranks=ranks))
+        peers = group_peers(nodes.is_head, nodes.addr_port, head_addrs,
+                            established(owner=owner), ranks=ranks)
+        if nodes.is_head:       # a rank is there when one of its host's addresses is
+            peers = {host for host, addresses in seen.items() if addresses & peers}
+        gone = watch.look(peers)
         if gone:
             state = systemd.model_state(unit)
             if state is None or not state.serving:
@@ -229,7 +234,7 @@ def run(name: str, poll_s: float = POLL_S, systemd: Any = None,
             else:
                 why = ("a rank left the group (fewer hosts connected than it has)"
                        if gone == {SHORT} else
-                       "rank(s) at " + ", ".join(sorted(gone)) + " left the group"
+                       "the rank(s) on " + ", ".join(sorted(gone)) + " left the group"
                        if nodes.is_head else f"the head at {nodes.addr} left the group")
                 if restart_counted(model, state, why, systemd):
                     return 0       # systemd restarts (or stops) this watch with the model

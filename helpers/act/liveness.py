@@ -16,14 +16,18 @@ is asked through facts/systemd.py (Liveness).
 
 from __future__ import annotations
 
+import copy
+import fcntl
 import json
 import os
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-from ...generator.atomicfile import read_text, write_file
+from ...generator.atomicfile import ensure_dir, read_text, write_file
 from ...generator.durations import format_seconds
 from ...generator.liveness import cap_marker, state_dir
 from ...generator.log import JOURNAL_SOCKET, journal_send, say
@@ -58,8 +62,24 @@ def load_state(path: str) -> dict[str, Any]:
         return {}
 
 
-def save_state(path: str, state: dict[str, Any]) -> None:
-    write_file(path, json.dumps(state, indent=1, sort_keys=True), dir_mode=0o755)
+def save_state(path: str, state: dict[str, Any], durable: bool = False) -> None:
+    write_file(path, json.dumps(state, indent=1, sort_keys=True), durable=durable,
+               dir_mode=0o755)
+
+
+@contextmanager
+def state_lock(unit: str, directory: str) -> Iterator[None]:
+    """Held from reading a model's state to saving it: the liveness probe and
+    the group watch both count restarts in it, and a count read before the
+    other's save and written after it would undo that restart.  Root's alone
+    (0600), so no other account can take it and hold a restart back."""
+    with ensure_dir(directory, 0o755) as d:
+        fd = d.open_regular(f"{_name(unit)}.liveness.lock", os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
 
 
 # ------------------------------------------------------------------ the decision
@@ -132,6 +152,53 @@ def _span(seconds: float) -> str:
     return format_seconds(seconds, "large")
 
 
+def restart_or_cap(unit: str, directory: str, state: dict[str, Any], now: float, why: str,
+                   max_restarts: int, restart_window: float, invocation: str,
+                   systemd: Any) -> str | None:
+    """The one way a model is restarted for liveness (its probe, the group
+    watch): restart it through systemd, or at max-restarts liveness restarts
+    within restart-window stop it and leave it failed.  Call with
+    state_lock() held and `state` just loaded.  RESTART or CAP once systemd
+    took the job; None when it did not (said, and the state put back).
+
+    The restart (or the cap) is saved, fsynced, before systemd is asked:
+    asking may end the caller at once (the group watch is PartOf= the model,
+    any hook can be killed), and a restart asked for but not yet counted is
+    one the cap never sees."""
+    path = state_path(unit, directory)
+    state["restarts"] = [t for t in state.get("restarts", []) if now - t < restart_window]
+    before = copy.deepcopy(state)
+    count = len(state["restarts"])
+    marker = cap_marker(_name(unit), directory)
+    if count < max_restarts:
+        record_restart(state, now, why)
+        save_state(path, state, durable=True)
+        journal_line(f"liveness: restarting {unit}: {why} (liveness restart {count + 1} of "
+                     f"{max_restarts} within {_span(restart_window)})", WARNING, unit)
+        failed = systemd.try_restart(unit)
+        action, doing = RESTART, "restart it"
+    else:
+        # The marker tells the model's ExecStopPost to leave it failed.
+        write_file(marker, invocation, dir_mode=0o755)
+        record_cap(state, now, why)
+        save_state(path, state, durable=True)
+        journal_line(f"liveness: stopping {unit} and leaving it failed: {why}; {count} "
+                     f"liveness restarts within {_span(restart_window)} is the cap "
+                     f"(max-restarts = {max_restarts}); start it by hand once fixed "
+                     f"(systemctl start {unit})", ERR, unit)
+        failed = systemd.stop(unit)
+        action, doing = CAP, "stop it at the restart cap"
+    if failed is None:
+        return action
+    if action == CAP:
+        os.unlink(marker)
+    state.clear()
+    state.update(before)
+    save_state(path, state, durable=True)
+    journal_line(f"liveness: could not {doing} ({unit}): {failed}; not counted", ERR, unit)
+    return None
+
+
 def why_line(state: dict[str, Any], cfg: Config) -> str:
     answers = "; ".join(state.get("answers", []))
     what = "one-token generations" if cfg.post is not None else "health probes"
@@ -165,62 +232,44 @@ def journal_line(message: str, priority: int, unit: str,
 def run_probe(cfg: Config, systemd: Any, directory: str | None = None,
               now: float | None = None) -> str:
     """Probe once, decide, act, save; returns the action taken."""
+    directory = directory or state_dir(dict(os.environ))
     path = state_path(cfg.unit, directory)
-    state = load_state(path)
-    state.update(unit=cfg.unit, url=cfg.url, interval=cfg.interval, failures=cfg.failures,
-                 timeout=cfg.timeout, max_restarts=cfg.max_restarts,
-                 restart_window=cfg.restart_window)
+    # Probed before the state is read: the group watch may count a restart
+    # meanwhile, and the state is read and saved under one lock.
     answer = http_probe(cfg.url, cfg.timeout, cfg.post)
     now = time.time() if now is None else now
     model = None if answer.ok else systemd.model_state(cfg.unit)
-    before = (state.get("consecutive_failures", 0), bool(state.get("capped")))
-    restarted = False
-    action = decide(state, now, answer, model, cfg)
-    marker = cap_marker(_name(cfg.unit), directory or state_dir(dict(os.environ)))
-    if action == OK and os.path.lexists(marker):
-        os.unlink(marker)       # left by a cap whose stop did not run its ExecStopPost
-    if action == OK and before[0]:
-        _say(NOTICE, f"{cfg.unit}: health probe passed again after {before[0]} failed "
-             f"({answer.text} in {answer.seconds:.1f}s)")
-    if action == OK:
-        forgot = systemd.forget_restarts(cfg.unit)
-        if forgot:
-            journal_line(f"liveness: {cfg.unit} is healthy after {forgot} automatic restart"
-                         f"{'s' if forgot != 1 else ''}: the crash-loop back-off starts over",
-                         NOTICE, cfg.unit)
-    if action == COUNT:
-        _say(NOTICE, f"{cfg.unit}: health probe {state['consecutive_failures']}/"
-             f"{cfg.failures} failed: {answer.text}")
-    elif action == SKIP and model is not None:
-        _say(INFO, f"{cfg.unit} is {model.describe()}: probe not counted ({answer.text})")
-    elif action == RESTART:
-        why = why_line(state, cfg)
-        n = len(state["restarts"]) + 1
-        failed = systemd.try_restart(cfg.unit)
-        if failed is None:
-            journal_line(f"liveness: restarting {cfg.unit}: {why} (liveness restart {n} of "
-                         f"{cfg.max_restarts} within {_span(cfg.restart_window)})",
-                         WARNING, cfg.unit)
-            record_restart(state, now, why)
-            restarted = True
-        else:
-            _say(ERR, f"{cfg.unit}: {why}; could not restart it: {failed}")
-    elif action == CAP:
-        why = why_line(state, cfg)
-        assert model is not None
-        write_file(marker, model.invocation, dir_mode=0o755)
-        failed = systemd.stop(cfg.unit)
-        if failed is None:
-            journal_line(f"liveness: stopping {cfg.unit} and leaving it failed: {why}; "
-                         f"{len(state['restarts'])} liveness restarts within "
-                         f"{_span(cfg.restart_window)} is the cap (max-restarts = "
-                         f"{cfg.max_restarts}); start it by hand once fixed "
-                         f"(systemctl start {cfg.unit})", ERR, cfg.unit)
-            record_cap(state, now, why)
-        else:
-            os.unlink(marker)
-            _say(ERR, f"{cfg.unit}: {why}; could not stop it at the restart cap: {failed}")
-    save_state(path, state)
+    with state_lock(cfg.unit, directory):
+        state = load_state(path)
+        state.update(unit=cfg.unit, url=cfg.url, interval=cfg.interval, failures=cfg.failures,
+                     timeout=cfg.timeout, max_restarts=cfg.max_restarts,
+                     restart_window=cfg.restart_window)
+        before = (state.get("consecutive_failures", 0), bool(state.get("capped")))
+        restarted = False
+        action = decide(state, now, answer, model, cfg)
+        marker = cap_marker(_name(cfg.unit), directory)
+        if action == OK and os.path.lexists(marker):
+            os.unlink(marker)       # left by a cap whose stop did not run its ExecStopPost
+        if action == OK and before[0]:
+            _say(NOTICE, f"{cfg.unit}: health probe passed again after {before[0]} failed "
+                 f"({answer.text} in {answer.seconds:.1f}s)")
+        if action == OK:
+            forgot = systemd.forget_restarts(cfg.unit)
+            if forgot:
+                journal_line(f"liveness: {cfg.unit} is healthy after {forgot} automatic "
+                             f"restart{'s' if forgot != 1 else ''}: the crash-loop back-off "
+                             "starts over", NOTICE, cfg.unit)
+        if action == COUNT:
+            _say(NOTICE, f"{cfg.unit}: health probe {state['consecutive_failures']}/"
+                 f"{cfg.failures} failed: {answer.text}")
+        elif action == SKIP and model is not None:
+            _say(INFO, f"{cfg.unit} is {model.describe()}: probe not counted ({answer.text})")
+        elif action in (RESTART, CAP):
+            assert model is not None
+            restarted = restart_or_cap(cfg.unit, directory, state, now, why_line(state, cfg),
+                                       cfg.max_restarts, cfg.restart_window, model.invocation,
+                                       systemd) == RESTART
+        save_state(path, state)
     if before != (state.get("consecutive_failures", 0), bool(state.get("capped"))) or restarted:
         from .metrics import record_liveness
         record_liveness(cfg.unit, state, restarted)

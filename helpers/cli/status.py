@@ -177,8 +177,15 @@ def _nodes_view(model: Model, entry: dict[str, Any]) -> dict[str, Any]:
         group = "forming"
     else:
         group = "down"
-    return {"rank": nodes.rank, "hosts": list(nodes.hosts), "head": nodes.hosts[0],
-            "group": group}
+    view: dict[str, Any] = {"rank": nodes.rank, "hosts": list(nodes.hosts),
+                            "head": nodes.hosts[0], "group": group}
+    if nodes.is_head:
+        # The group watch's own reading of which ranks it cannot see.
+        from ..act.groupwatch import not_watched, other_ranks
+        unseen = other_ranks(nodes)[1]
+        if unseen:
+            view["ranks"] = {str(rank): not_watched(host) for rank, host in unseen}
+    return view
 
 
 def _fence() -> dict[str, Any] | None:
@@ -242,6 +249,8 @@ def table(report: dict[str, Any]) -> str:
             n = m["nodes"]
             notes.append(f"{m['name']}: rank {n['rank']} of {len(n['hosts'])}, head {n['head']}, "
                          f"group {n['group']}")
+            notes.extend(f"{m['name']}: rank {rank} {what}"
+                         for rank, what in n.get("ranks", {}).items())
         gpu = m["gpu"]
         if gpu["available"]:
             gpus = ",".join(str(g["index"]) for g in gpu["gpus"]) or "-"

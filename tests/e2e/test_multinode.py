@@ -133,6 +133,42 @@ def test_workers_started_first_park_then_the_group_forms(group: Group) -> None:
                               "group": "healthy"}, model["nodes"]
 
 
+def test_a_rank_the_head_cannot_see_is_not_watched_and_a_restart_counts_once(
+        group: Group) -> None:
+    """A [nodes] host whose name has no address on the head: its rank was
+    counted missing once the group formed, and the head restarted the group
+    again and again, each restart "1 of 3" (the watch, PartOf= the model,
+    was stopped before it saved the count).  It is not watched, `status`
+    says so, and a rank the head can see still restarts the group: once,
+    counted in the head's state."""
+    head = group[HEAD]
+    hosts = head.path("/etc/hosts").read_text()
+    said = "liveness: restarting big.service"
+    before_log = head.journal("big.service").count(said)
+    head.write("/etc/hosts", "".join(line for line in hosts.splitlines(keepends=True)
+                                     if "gpu-c" not in line))
+    try:
+        head.sh("systemctl restart infer-units-group@big.service")
+        wait_for(lambda: "rank 2: not watched: gpu-c has no address here" in head.journal(
+            "infer-units-group@big.service"), 30, group)
+        out = head.sh(f"INFER_UNITS_FAKE_GPUS={FAKE_TABLE} infer-units status big",
+                      check=False).stdout
+        assert "big: rank 2 not watched: gpu-c has no address here" in out, out
+        before = {n: state(group, n)["MainPID"] for n in HOSTS}
+        group["gpu-b"].sh(f"kill -9 {before['gpu-b']}")
+        wait_for(lambda: group_up(group) and all(
+            state(group, n)["MainPID"] not in (before[n], "0") for n in HOSTS), 90, group)
+        restarts = [line for line in head.journal("big.service").splitlines()
+                    if said in line][before_log:]
+        assert len(restarts) == 1 and "the rank(s) on gpu-b left the group" in restarts[0], \
+            restarts
+        saved = json.loads(head.sh("cat /run/infer-units/big.liveness.json").stdout)
+        assert saved["restarts_total"] == 1 and len(saved["restarts"]) == 1, saved
+    finally:
+        head.write("/etc/hosts", hosts)
+        head.sh("systemctl restart infer-units-group@big.service", check=False)
+
+
 def test_head_restart_brings_the_whole_group_back(group: Group) -> None:
     before = {n: state(group, n)["MainPID"] for n in HOSTS}
     started = time.monotonic()

@@ -381,17 +381,25 @@ INFER_UNITS_LIVENESS_DIR = "{{state}}"
 """
 
 WATCH = r"""
-import json, sys
+import json, os, signal, sys
 from infer_units.helpers.act import groupwatch
 from infer_units.helpers.facts.systemd import ModelState
+
+# "die": the watch is killed the moment it asks, as systemd's PartOf= stop of
+# the model's restart may do it
+DIE = sys.argv[2:] == ["die"]
 
 class Systemd:
     def model_state(self, unit):
         return ModelState("active", "running", "ab" * 16, "")
     def try_restart(self, unit):
         print("try_restart", unit, flush=True)
+        if DIE:
+            os.kill(os.getpid(), signal.SIGKILL)
     def stop(self, unit):
         print("stop", unit, flush=True)
+        if DIE:
+            os.kill(os.getpid(), signal.SIGKILL)
 
 print("watching", flush=True)
 sys.exit(groupwatch.run("mn", poll_s=0.05, systemd=Systemd(), looks=int(sys.argv[1])))
@@ -442,11 +450,11 @@ def _asked(out: str) -> list[str]:
     return [line for line in out.splitlines() if line.startswith(("try_restart ", "stop "))]
 
 
-def _watch(enter: list[str], config: Path, looks: int) -> subprocess.Popen[str]:
+def _watch(enter: list[str], config: Path, looks: int, *how: str) -> subprocess.Popen[str]:
     from tests.support import PYTHON, base_env
     env = base_env(INFER_UNITS_CONFIG_PATH=str(config))
-    watch = subprocess.Popen([*enter, PYTHON, "-c", WATCH, str(looks)], env=env, text=True,
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    watch = subprocess.Popen([*enter, PYTHON, "-c", WATCH, str(looks), *how], env=env,
+                             text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     assert watch.stdout is not None and watch.stdout.readline().strip() == "watching"
     return watch
 
@@ -536,6 +544,150 @@ def test_another_accounts_connection_to_the_head_does_not_hide_its_leaving(
         assert _asked(out) == ["try_restart mn.service"], out + err
     finally:
         for p in (rendezvous, rank, outsider):
+            if p is not None:
+                p.kill()
+                p.wait()
+
+
+STAND_IN = r"""
+import socket, sys, time
+s = socket.socket()
+s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind(("10.213.7.1", 29500))        # the rendezvous port, before the server listens
+s.connect((sys.argv[1], int(sys.argv[2])))
+print("joined", flush=True)
+time.sleep(600)
+"""
+
+
+def test_another_account_on_the_head_cannot_stand_in_for_a_rank(
+        attacker, netns: list[str], tmp_path: Path) -> None:
+    """On the head, any account could bind the rendezvous port with
+    SO_REUSEADDR before the server listened (the server's own bind, with
+    SO_REUSEADDR, still succeeds) and connect from it to any open port of a
+    rank's host: an established connection from the rendezvous port to the
+    rank's address, which the head's watch took for the rank, so the rank's
+    leaving was never seen."""
+    from tests.support import PYTHON
+    config, state = tmp_path / "etc", tmp_path / "state"
+    config.mkdir()
+    (config / "mn.toml").write_text(GROUP_MODEL.format(state=state))
+    procs: list[subprocess.Popen[str]] = []
+    try:
+        # any service of the rank's host (its sshd, its dummy health port)
+        procs.append(subprocess.Popen([*netns, PYTHON, "-c", (
+            "import socket, time\n"
+            f"s = socket.socket(); s.bind(('{RANK_IP}', 2222)); s.listen(8)\n"
+            "print('up', flush=True); time.sleep(600)\n")], text=True, stdout=subprocess.PIPE))
+        assert procs[0].stdout is not None and procs[0].stdout.readline().strip() == "up"
+        stand_in = subprocess.Popen([*netns, "setpriv", f"--reuid={attacker.pw_uid}",
+                                     f"--regid={attacker.pw_gid}", "--clear-groups", PYTHON,
+                                     "-I", "-c", STAND_IN, RANK_IP, "2222"], text=True,
+                                    stdout=subprocess.PIPE)
+        procs.append(stand_in)
+        assert stand_in.stdout is not None and stand_in.stdout.readline().strip() == "joined"
+        procs.append(_rendezvous(netns))
+        rank = subprocess.Popen([*netns, PYTHON, "-c", HOLD_RANK, RANK_IP], text=True,
+                                stdout=subprocess.PIPE)
+        procs.append(rank)
+        assert rank.stdout is not None and rank.stdout.readline().strip() == "joined"
+        watch = _watch(netns, config, 40)
+        rank.kill()
+        rank.wait()
+        out, err = watch.communicate(timeout=60)
+        assert _asked(out) == ["try_restart mn.service"], out + err
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+
+
+def _rendezvous(enter: list[str]) -> subprocess.Popen[str]:
+    from tests.support import PYTHON
+    served = subprocess.Popen([*enter, PYTHON, "-c", (
+        "import socket, time\n"
+        "s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)\n"
+        f"s.bind(('{HEAD_IP}', {RDV_PORT})); s.listen(64); print('up', flush=True)\n"
+        "kept = []\n"
+        "while True:\n    kept.append(s.accept()[0])\n")], text=True, stdout=subprocess.PIPE)
+    assert served.stdout is not None and served.stdout.readline().strip() == "up"
+    return served
+
+
+def test_a_restart_is_counted_before_it_is_asked_and_the_cap_comes(
+        netns: list[str], tmp_path: Path) -> None:
+    """The group watch is PartOf= its model: systemd stops it the moment the
+    restart it asked for begins.  It said "restart 1 of N", asked, and only
+    then saved the count, so a watch stopped in between restarted the model
+    again and again, each "1 of N", and the cap never came.  Here the watch
+    is killed the moment it asks: every restart is in the state already, and
+    after max-restarts of them the next is the cap."""
+    config, state = tmp_path / "etc", tmp_path / "state"
+    config.mkdir()
+    (config / "mn.toml").write_text(GROUP_MODEL.format(state=state).replace(
+        "max-restarts = 1", "max-restarts = 2"))
+    rendezvous = _rendezvous(netns)
+    try:
+        # No rank connected: the formed group is short, a rank left.
+        for n in (1, 2):
+            watch = _watch(netns, config, 20, "die")
+            out, err = watch.communicate(timeout=60)
+            assert watch.returncode == -signal.SIGKILL, out + err
+            assert _asked(out) == ["try_restart mn.service"], out + err
+            saved = json.loads((state / "mn.liveness.json").read_text())
+            assert saved["restarts_total"] == n and len(saved["restarts"]) == n, saved
+        watch = _watch(netns, config, 20, "die")
+        out, err = watch.communicate(timeout=60)
+        assert _asked(out) == ["stop mn.service"], out + err
+        saved = json.loads((state / "mn.liveness.json").read_text())
+        assert saved["capped"] and saved["restarts_total"] == 2, saved
+        assert (state / "mn.liveness-cap").read_text() == "ab" * 16
+    finally:
+        rendezvous.kill()
+        rendezvous.wait()
+
+
+def test_a_rank_the_head_cannot_see_is_not_counted_missing(
+        netns: list[str], tmp_path: Path) -> None:
+    """A [nodes] host whose name has no address on the head: the head's
+    watch counted that rank missing once the group formed and restarted
+    the model, up to the cap.  It is not watched (said once), `status`
+    names it, and the ranks it can see are still watched."""
+    from tests.support import PYTHON, base_env
+    config, state = tmp_path / "etc", tmp_path / "state"
+    config.mkdir()
+    (config / "mn.toml").write_text(GROUP_MODEL.format(state=state).replace(
+        f'"{RANK_IP}"]', f'"{RANK_IP}", "gpu-c.invalid"]'))
+    rendezvous = _rendezvous(netns)
+    rank = None
+    try:
+        rank = subprocess.Popen([*netns, PYTHON, "-c", HOLD_RANK, RANK_IP], text=True,
+                                stdout=subprocess.PIPE)
+        assert rank.stdout is not None and rank.stdout.readline().strip() == "joined"
+        out, err = _watch(netns, config, 40).communicate(timeout=60)
+        assert not _asked(out), out + err
+        unseen = [line for line in out.splitlines() if "gpu-c.invalid" in line]
+        assert unseen == ["<4>mn.service: rank 2: not watched: gpu-c.invalid has no address "
+                          "here (its leaving cannot be seen and is not counted missing; "
+                          "liveness still probes the group)"], out
+        done = subprocess.run([*netns, PYTHON, "-m", "infer_units", "status", "--json", "mn"],
+                              capture_output=True, text=True, timeout=120,
+                              env=base_env(INFER_UNITS_CONFIG_PATH=str(config)))
+        [model] = json.loads(done.stdout)["models"]
+        assert model["nodes"]["ranks"] == {
+            "2": "not watched: gpu-c.invalid has no address here"}, done.stdout
+        table = subprocess.run([*netns, PYTHON, "-m", "infer_units", "status", "mn"],
+                               capture_output=True, text=True, timeout=120,
+                               env=base_env(INFER_UNITS_CONFIG_PATH=str(config)))
+        assert "mn: rank 2 not watched: gpu-c.invalid has no address here" in table.stdout, \
+            table.stdout + table.stderr
+        # The rank it can see still counts.
+        rank.kill()
+        rank.wait()
+        out, err = _watch(netns, config, 20).communicate(timeout=60)
+        assert _asked(out) == ["try_restart mn.service"], out + err
+    finally:
+        for p in (rendezvous, rank):
             if p is not None:
                 p.kill()
                 p.wait()

@@ -16,6 +16,7 @@ import subprocess
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -346,6 +347,55 @@ def test_hang_restart_then_cap(health: Health, tmp_path: Path, journal,
     assert metrics.load_state("m.service")["liveness_capped"] == 0
 
 
+def test_a_restart_is_saved_before_systemd_is_asked(health: Health, tmp_path: Path,
+                                                   journal) -> None:
+    """Asking systemd may end the asker at once (a restart stops what is
+    PartOf= the model): by then the restart, or the cap, is on disk."""
+    health.mode = "503"
+    seen: list[dict[str, Any]] = []
+
+    class Asked(RecordingSystemd):
+        def try_restart(self, unit: str) -> str | None:
+            seen.append(json.loads((tmp_path / "m.liveness.json").read_text()))
+            return super().try_restart(unit)
+
+        def stop(self, unit: str) -> str | None:
+            seen.append(json.loads((tmp_path / "m.liveness.json").read_text()))
+            return super().stop(unit)
+
+    cfg = cfg_for(health.url, failures=1, max_restarts=1)
+    assert lv.run_probe(cfg, Asked(), str(tmp_path)) == lv.RESTART
+    assert seen[-1]["restarts_total"] == 1 and len(seen[-1]["restarts"]) == 1
+    assert lv.run_probe(cfg, Asked(), str(tmp_path)) == lv.CAP
+    assert seen[-1]["capped"]
+
+
+def test_a_restart_the_group_watch_counts_during_a_probe_is_kept(
+        health: Health, tmp_path: Path, journal) -> None:
+    """The probe read its state, probed for up to its timeout, then saved:
+    a restart the group watch counted meanwhile was written over, and the
+    cap lost it.  The state is read and saved under one lock, after the probe."""
+    from types import SimpleNamespace
+    from infer_units.generator.liveness import Liveness
+    from infer_units.helpers.act import groupwatch
+    from ..support import wait_until
+    health.mode = "hang"
+    cfg = cfg_for(health.url, timeout=3.0, max_restarts=3)
+    probe = threading.Thread(target=lv.run_probe, args=(cfg, RecordingSystemd(), str(tmp_path)))
+    probe.start()
+    try:
+        assert wait_until(lambda: health.requests == 1)        # probing now
+        model = SimpleNamespace(name="m", unit_name="m.service", env={
+            "INFER_UNITS_LIVENESS_DIR": str(tmp_path)}, liveness=Liveness(
+                cfg.interval, cfg.failures, cfg.timeout, 3, cfg.restart_window))
+        assert groupwatch.restart_counted(model, UP, "a rank left", RecordingSystemd())
+    finally:
+        probe.join()
+    state = json.loads((tmp_path / "m.liveness.json").read_text())
+    assert state["restarts_total"] == 1 and len(state["restarts"]) == 1, state
+    assert state["consecutive_failures"] == 1, state
+
+
 def test_refused_jobs_are_not_counted_and_leave_no_marker(health: Health, tmp_path: Path,
                                                          journal) -> None:
     health.mode = "503"
@@ -354,12 +404,17 @@ def test_refused_jobs_are_not_counted_and_leave_no_marker(health: Health, tmp_pa
     assert lv.run_probe(cfg, systemd, str(tmp_path)) == lv.CAP
     assert systemd.jobs == [("stop", "m.service")]
     assert not (tmp_path / "m.liveness-cap").exists()
+    # Said before systemd is asked (asking may end the caller), then the refusal.
+    assert [e["PRIORITY"] for e in journal()] == ["3", "3"]
     state = json.loads((tmp_path / "m.liveness.json").read_text())
     assert "capped" not in state and state["consecutive_failures"] == 1   # tried again next time
     cfg = cfg_for(health.url, failures=1, max_restarts=1)
     assert lv.run_probe(cfg, systemd, str(tmp_path)) == lv.RESTART
     state = json.loads((tmp_path / "m.liveness.json").read_text())
-    assert state.get("restarts_total", 0) == 0 and journal() == []
+    said = [e["MESSAGE"] for e in journal()]
+    assert state.get("restarts_total", 0) == 0 and len(said) == 2, said
+    assert said[1] == ("liveness: could not restart it (m.service): Transaction for "
+                       "m.service/restart is destructive; not counted")
 
 
 def test_probe_command_without_systemd(health: Health, tmp_path: Path) -> None:

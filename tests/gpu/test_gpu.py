@@ -156,13 +156,22 @@ def test_a_context_kept_by_a_forked_child_is_found_and_reaped() -> None:
         assert heir in {a["pid"] for a in report["actions"]}, report
         assert [a for a in report["actions"] if a["pid"] == heir][0]["why"].endswith(
             f"a context NVML names by gone pid {creator.pid}"), report
-        assert not os.path.exists(f"/proc/{heir}")
+        assert not _running(heir)
         assert _used_mib(gpu) < base + 500
     finally:
         try:
             os.kill(heir, signal.SIGKILL)
         except ProcessLookupError:
             pass
+
+
+def _running(pid: int) -> bool:
+    """Alive and not a zombie (an orphan's reaper may be slow to wait for it)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
 
 
 def holders_pids(gpu: int) -> set[int]:

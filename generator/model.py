@@ -76,10 +76,13 @@ class Model:
         return self.nodes is not None and not self.nodes.is_head
 
     @property
-    def gpus_by_pci(self) -> bool:
-        """GPUs named by PCI bus id (one kind per file): CUDA cannot take those."""
-        return isinstance(self.gpus, list) and any(
-            isinstance(g, str) and is_pci(g) for g in self.gpus)
+    def gpus_by_name(self) -> bool:
+        """GPUs named by UUID or PCI bus id: the server gets them as indexes
+        in PCI order, which pre-start resolves on the host.  CUDA takes no
+        PCI id, and vLLM reads CUDA_VISIBLE_DEVICES with int() (a UUID
+        crashes its start); with CUDA_DEVICE_ORDER=PCI_BUS_ID every engine
+        reads an index the same way."""
+        return isinstance(self.gpus, list) and any(isinstance(g, str) for g in self.gpus)
 
     def gpu_selector(self) -> str | None:
         """The --gpus argument the helpers take: "0,1", "GPU-..,GPU-..", "all"."""

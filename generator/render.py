@@ -142,10 +142,10 @@ def _node_args(m: Model) -> list[str]:
         + (["--headless"] if not nodes.is_head else [])
 
 
-def _environment(m: Model, selector: str | None, pci: bool) -> str:
-    """The Environment= lines (`selector`, `pci`: m.gpu_selector(), m.gpus_by_pci)."""
+def _environment(m: Model, selector: str | None, by_name: bool) -> str:
+    """The Environment= lines (`selector`, `by_name`: m.gpu_selector(), m.gpus_by_name)."""
     env: dict[str, str] = {}
-    if isinstance(m.gpus, list) and not pci:
+    if isinstance(m.gpus, list) and not by_name:
         assert selector is not None
         env["CUDA_VISIBLE_DEVICES"] = selector
     spec = ENGINE_SPECS[m.engine]
@@ -206,11 +206,11 @@ def _requires_mounts(path: str | None) -> str:
     return "RequiresMountsFor=" + unquoted_word(path)
 
 
-def _exec_start_pre(m: Model, selector: str | None, pci: bool, ignore: list[str]) -> str:
+def _exec_start_pre(m: Model, selector: str | None, by_name: bool, ignore: list[str]) -> str:
     """One privileged process for every start check (each process started
     lengthens a restart: docs/performance.md).  Every model has
     one, with neither gpus nor port too: the drain fence is its first check.
-    (`selector`, `pci`, `ignore`: m.gpu_selector(), m.gpus_by_pci, _ignore_args(m).)"""
+    (`selector`, `by_name`, `ignore`: m.gpu_selector(), m.gpus_by_name, _ignore_args(m).)"""
     argv = ["pre-start", "--unit", m.unit_name]
     path = model_path(m)
     if path is not None:
@@ -240,11 +240,11 @@ def _exec_start_pre(m: Model, selector: str | None, pci: bool, ignore: list[str]
         # Parked here, holding no GPU, until the head forms a group: hosts may
         # start in any order (helpers/act/rendezvous.py).
         argv += ["--wait-rendezvous", m.nodes.addr, "--head-url", m.nodes.head_url]
-    if pci or p2p:
+    if by_name or p2p:
         argv += ["--env-file", f"{ENV_FILE_DIR}/{m.name}.env"]
-    if pci:
-        # CUDA takes no PCI ids: the hook resolves them to UUIDs at start.
-        argv.append("--resolve-pci")
+    if by_name:
+        # GPUs named by UUID or PCI id: the hook writes their indexes at start.
+        argv.append("--resolve-gpus")
     if p2p:
         argv.append("--p2p")
         spec = ENGINE_SPECS[m.engine]
@@ -448,7 +448,7 @@ def render(m: Model) -> RenderedUnit:
             "--probe-timeout", format_seconds(m.ready_probe_timeout)]) + " --pid $MAINPID")
     # Asked once here, handed to the parts that need them.
     selector = m.gpu_selector()
-    pci = m.gpus_by_pci
+    by_name = m.gpus_by_name
     ignore = _ignore_args(m) if selector is not None else []
     liveness_wants, liveness_stop_post = _liveness(m, url)
     cap: tuple[str, ...] = ()
@@ -470,8 +470,8 @@ def render(m: Model) -> RenderedUnit:
         "user": m.user or "",
         "name": m.name,
         "run_dir": ENV_FILE_DIR,
-        "environment": _environment(m, selector, pci),
-        "exec_start_pre": _exec_start_pre(m, selector, pci, ignore),
+        "environment": _environment(m, selector, by_name),
+        "exec_start_pre": _exec_start_pre(m, selector, by_name, ignore),
         "exec_start": _engine_argv(m),
         "exec_start_post": "\n".join(post),
         "exec_stop_post": stop_post,

@@ -37,9 +37,14 @@ def update_env_file(path: str, values: dict[str, str | None]) -> None:
         raise EnvFileError(f"env file {path}: cannot write: {why}") from None
 
 
-def write_visible_devices(path: str, gpus: list[Gpu]) -> None:
-    """CUDA takes no PCI bus ids: name the selected GPUs by UUID for the server."""
-    update_env_file(path, {"CUDA_VISIBLE_DEVICES": ",".join(g.uuid for g in gpus)})
+def write_visible_devices(path: str, gpus: list[Gpu], every: list[Gpu]) -> None:
+    """The selected GPUs for the server as indexes in PCI order, which is how
+    CUDA counts under CUDA_DEVICE_ORDER=PCI_BUS_ID (the unit sets it) and the
+    one form every engine parses (vLLM takes CUDA_VISIBLE_DEVICES entries with
+    int(): a UUID crashes its start).  `every`: all the host's GPUs."""
+    order = sorted(g.pci for g in every)
+    update_env_file(path, {"CUDA_VISIBLE_DEVICES": ",".join(str(order.index(g.pci))
+                                                            for g in gpus)})
 
 
 def read_env_file(path: str) -> dict[str, str]:

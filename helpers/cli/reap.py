@@ -34,7 +34,7 @@ from .options import DURATION, Checked
 @click.option("--ignore", multiple=True, metavar="NAME",
               help="Process name never touched, beyond the built-ins (repeatable).")
 @click.option("--env-file", default=None, metavar="PATH",
-              help="Write CUDA_VISIBLE_DEVICES (UUIDs) here.")
+              help="Write CUDA_VISIBLE_DEVICES (indexes in PCI order) here.")
 @click.option("--dry-run", is_flag=True, help="Say what would be done; touch nothing.")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def reap(selector: str, unit: str | None, foreign: str, term_grace: float, timeout: float,
@@ -61,7 +61,7 @@ def reap(selector: str, unit: str | None, foreign: str, term_grace: float, timeo
     if env_file and not dry_run and result.exit_code == 0:
         from ..act.envfile import EnvFileError, write_visible_devices
         try:
-            write_visible_devices(env_file, gpus)
+            write_visible_devices(env_file, gpus, b.gpus())
         except EnvFileError as e:
             die(str(e))
     if as_json:

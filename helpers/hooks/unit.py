@@ -125,8 +125,9 @@ def pre_start(argv: list[str]) -> int:
                   "the engine derives from it); each must be free")
     p.option("--host", default=settings.default("host"), type=checked(argtypes.host))
     p.option("--env-file", help="where resolved CUDA_VISIBLE_DEVICES / P2P results go")
-    p.option("--resolve-pci", action="store_true",
-             help="write CUDA_VISIBLE_DEVICES (UUIDs) for PCI selectors")
+    p.option("--resolve-gpus", action="store_true",
+             help="write CUDA_VISIBLE_DEVICES for GPUs named by UUID or PCI id: their "
+                  "indexes in PCI order")
     p.option("--p2p", action="store_true", help="run the P2P self-test")
     p.option("--python", default=sys.executable, help="interpreter with torch")
     p.option("--user", help="the model's user: the self-test runs as them, never as root")
@@ -331,9 +332,9 @@ def _start_checks(a: argparse.Namespace, unit: str, claims: GpuClaims | None,
             _refuse_without_restart(unit, settle)
         if result.exit_code != exitcodes.CLEAN:
             return result.exit_code
-        if a.resolve_pci and a.env_file:
+        if a.resolve_gpus and a.env_file:
             try:
-                write_visible_devices(a.env_file, gpus)
+                write_visible_devices(a.env_file, gpus, backend().gpus())
             except EnvFileError as e:
                 _say(str(e), ERR)
                 return exitcodes.CONFIG_ERROR

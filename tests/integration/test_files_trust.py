@@ -164,7 +164,7 @@ def test_umask_000_leaves_no_directory_an_attacker_can_write(
                         INFER_UNITS_P2P_CACHE=str(run / "p2p"))
     for argv in (["reap", "--gpus", "0", "--unit", "m.service"],
                  ["pre-start", "--unit", "m.service", "--gpus", "0,1",
-                  "--env-file", str(run / "m.env"), "--resolve-pci"],
+                  "--env-file", str(run / "m.env"), "--resolve-gpus"],
                  ["drain", "--timeout", "5s"], ["resume"]):
         done = subprocess.run(["/bin/sh", "-c", 'umask 000; exec "$@"', "sh", PYTHON, "-m",
                                "infer_units", *argv], capture_output=True, text=True,

@@ -197,14 +197,23 @@ def test_dry_run_touches_nothing(fake_gpus: FakeGpus, holders) -> None:
     assert h.alive()
 
 
-def test_pci_selector_writes_uuids_for_cuda(fake_gpus: FakeGpus, tmp_path: Path) -> None:
+def test_gpus_named_by_pci_id_or_uuid_reach_cuda_as_indexes_in_pci_order(
+        fake_gpus: FakeGpus, tmp_path: Path) -> None:
+    """vLLM parses CUDA_VISIBLE_DEVICES with int(): UUIDs there crashed its
+    start.  Under CUDA_DEVICE_ORDER=PCI_BUS_ID an index counts GPUs in PCI
+    order, which need not be the backend's (here GPU 0 and 3 swap slots)."""
+    table = json.loads(fake_gpus.table.read_text())
+    table["gpus"][0]["pci"], table["gpus"][3]["pci"] = table["gpus"][3]["pci"], table["gpus"][0]["pci"]
+    fake_gpus.table.write_text(json.dumps(table))
     env_file = tmp_path / "run" / "m.env"
     env_file.parent.mkdir()
-    env_file.write_text("NCCL_P2P_DISABLE=1\n")
-    run_cli("reap", "--gpus", "0000:42:00.0,43:00.0", "--env-file", str(env_file),
-            env=fake_gpus.env(), check=0)
-    assert env_file.read_text().splitlines() == [
-        "NCCL_P2P_DISABLE=1", f"CUDA_VISIBLE_DEVICES={fake_gpus.uuids[1]},{fake_gpus.uuids[2]}"]
+    for selector, expected in ((f"{fake_gpus.uuids[0]},{fake_gpus.uuids[2]}", "3,2"),
+                               ("0000:42:00.0,41:00.0", "1,0")):
+        env_file.write_text("NCCL_P2P_DISABLE=1\n")
+        run_cli("reap", "--gpus", selector, "--env-file", str(env_file),
+                env=fake_gpus.env(), check=0)
+        assert env_file.read_text().splitlines() == [
+            "NCCL_P2P_DISABLE=1", f"CUDA_VISIBLE_DEVICES={expected}"], selector
 
 
 def test_unknown_gpu_is_a_usage_error(fake_gpus: FakeGpus) -> None:

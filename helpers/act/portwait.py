@@ -36,7 +36,7 @@ def wait_ports(host: str, ports: list[int], unit: str | None, foreign: str, time
     for port in ports:
         if wait_port_free(host, port, 0.0):
             continue         # the common case: one look
-        users = port_users(port)
+        users = port_users(host, port)
         strangers = users is None or unit is None or \
             any(not in_unit(i.cgroup, unit) for i, _how in users)
         if strangers and foreign == "fail":
@@ -49,9 +49,9 @@ def wait_ports(host: str, ports: list[int], unit: str | None, foreign: str, time
                                  min(REMINDER_S, max(0.0, deadline - time.monotonic()))):
             if time.monotonic() >= deadline:
                 say(f"port {port} still in use after {timeout:g}s: "
-                    f"{holders_text(port_users(port))}", ERR)
+                    f"{holders_text(port_users(host, port))}", ERR)
                 return exitcodes.TIMED_OUT
-            say(f"port {port} still held by {holders_text(port_users(port))}; waiting "
+            say(f"port {port} still held by {holders_text(port_users(host, port))}; waiting "
                 f"({deadline - time.monotonic():.0f}s left)", WARNING)
         say(f"port {port} free after {(time.monotonic() - started) * 1000:.0f} ms", INFO)
     return exitcodes.CLEAN

@@ -244,3 +244,39 @@ def test_status_calls_foreign_only_a_listener_that_clashes_with_the_models_addre
             assert foreign == [] and not m["health"].get("foreign"), m
     finally:
         ended(user)
+
+
+HOLDER_ADDRESSES = ["0.0.0.0", "127.0.0.1", "127.0.0.2", "::", ":: v6only", "::1",
+                    "::ffff:127.0.0.1", "::ffff:0.0.0.0"]
+
+
+@pytest.mark.parametrize("host", ["127.0.0.1", "0.0.0.0", "::1", "::", "::ffff:127.0.0.1"])
+def test_a_holder_is_exactly_what_the_kernel_refuses_the_servers_bind_for(host: str) -> None:
+    """For every kind of listener address, port_users(host) names it exactly
+    when the kernel refuses the server's own bind of `host` (SO_REUSEADDR,
+    dual-stack on ::), and wait_port_free agrees."""
+    from infer_units.helpers.facts.ports import port_users, wait_port_free
+    if not os.path.exists("/proc/net/if_inet6"):
+        pytest.skip("no IPv6 on this host")
+    for holder in HOLDER_ADDRESSES:
+        address, _, v6only = holder.partition(" ")
+        port = free_port()
+        with socket.socket(socket.AF_INET6 if ":" in address else socket.AF_INET) as s:
+            if ":" in address:
+                s.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1 if v6only else 0)
+            s.bind((address, port))
+            s.listen()
+            server = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
+            try:
+                server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                if ":" in host:
+                    server.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+                server.bind((host, port))
+                refused = False
+            except OSError:
+                refused = True
+            finally:
+                server.close()
+            named = [i.pid for i, _how in port_users(host, port) or []]
+            assert named == ([os.getpid()] if refused else []), (holder, host, refused)
+            assert wait_port_free(host, port, 0.0) is not refused, (holder, host)

@@ -234,8 +234,9 @@ def _exec_start_pre(m: Model, selector: str | None, pci: bool, ignore: list[str]
         if m.health_accept:
             argv += ["--accept-health", ",".join(m.health_accept)]
     if m.bound_ports:
-        # Every TCP port the server binds, its HTTP port first: one that is
-        # held fails the server's start just as well (docs/engines.md, "Ports").
+        # Every TCP port the server binds, its HTTP port first (bound on
+        # `host`; the engines bind the others on every address): one that
+        # is held fails the server's start just as well (docs/engines.md, "Ports").
         argv += ["--host", m.host]
         for port in m.bound_ports:
             argv += ["--port", str(port)]

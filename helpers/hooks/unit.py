@@ -122,9 +122,11 @@ def pre_start(argv: list[str]) -> int:
     p.option("--timeout", type=_duration, default=settings.default("reap.timeout"))
     p.option("--ignore", action="append", default=[])
     p.option("--port", dest="ports", action="append", type=_port, default=[],
-             help="a TCP port the server binds (repeatable: the HTTP port and every port "
-                  "the engine derives from it); each must be free")
-    p.option("--host", default=settings.default("host"), type=checked(argtypes.host))
+             help="a TCP port the server binds (repeatable: the HTTP port first, then every "
+                  "port the engine derives from it); each must be free")
+    p.option("--host", default=settings.default("host"), type=checked(argtypes.host),
+             help="the address the server binds its HTTP port (the first --port) on; the "
+                  "others are bound on every address")
     p.option("--env-file", help="where resolved CUDA_VISIBLE_DEVICES / P2P results go")
     p.option("--resolve-pci", action="store_true",
              help="write CUDA_VISIBLE_DEVICES (UUIDs) for PCI selectors")

@@ -184,6 +184,22 @@ def test_a_users_listener_that_clashes_with_the_servers_bind_blocks_it_and_is_na
         ended(user)
 
 
+def test_a_derived_port_is_held_by_a_listener_on_any_address(
+        attacker: pwd.struct_passwd, tmp_path: Path) -> None:
+    """The ports an engine derives from its HTTP port (torch's store, TGI's
+    metrics) are bound on every address, whatever `host` says: an account on
+    127.0.0.2 at one of them takes it, and is named."""
+    http, derived = free_port(), free_port()
+    user = listening("127.0.0.2", derived, attacker)
+    try:
+        done = run_cli("pre-start", "--unit", "m", "--foreign", "fail", "--timeout", "10s",
+                       "--host", "127.0.0.1", "--port", str(http), "--port", str(derived),
+                       env=env(tmp_path))
+        assert done.returncode == 2, done.stderr
+        assert f"port {derived} held by pid {user.pid}" in done.stderr, done.stderr
+    finally:
+        ended(user)
+
 @pytest.mark.parametrize("address", ["127.0.0.2", "::1"])
 def test_a_users_listener_on_another_address_is_not_taken_for_the_servers_health(
         attacker: pwd.struct_passwd, address: str) -> None:

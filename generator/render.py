@@ -217,11 +217,15 @@ def _exec_start_pre(m: Model, selector: str | None, by_name: bool, ignore: list[
         # Checked right after the drain fence: a missing model ends the
         # start with no automatic restart (no retry brings it).
         argv += ["--model-path", path]
+    p2p = m.nccl_p2p == "auto" and selector is not None
+    if m.user and (path is not None or p2p):
+        # The path is looked at, and the P2P self-test runs, with the model
+        # account's rights, never root's (helpers/hooks/unit.py, helpers/act/p2p.py).
+        argv += ["--user", m.user]
     waited = _waited_by_pre_start(m)
     if waited is not None:
         argv += ["--restart-sec", format_seconds(waited.first), "--restart-steps",
                  str(waited.steps), "--restart-max-delay", format_seconds(waited.ceiling)]
-    p2p = m.nccl_p2p == "auto" and selector is not None
     if selector is not None:
         argv += ["--gpus", selector, "--foreign", m.reap_foreign,
                  "--term-grace", format_seconds(m.reap_term_grace),
@@ -230,8 +234,9 @@ def _exec_start_pre(m: Model, selector: str | None, by_name: bool, ignore: list[
         if m.health_accept:
             argv += ["--accept-health", ",".join(m.health_accept)]
     if m.bound_ports:
-        # Every TCP port the server binds, its HTTP port first: one that is
-        # held fails the server's start just as well (docs/engines.md, "Ports").
+        # Every TCP port the server binds, its HTTP port first (bound on
+        # `host`; the engines bind the others on every address): one that
+        # is held fails the server's start just as well (docs/engines.md, "Ports").
         argv += ["--host", m.host]
         for port in m.bound_ports:
             argv += ["--port", str(port)]
@@ -255,10 +260,7 @@ def _exec_start_pre(m: Model, selector: str | None, by_name: bool, ignore: list[
             argv += ["--p2p-off-env", f"{name}={value}"]
         if spec.module:
             argv += ["--python", m.python]
-        # The self-test runs the model's python as the model's user, with the
-        # server's [env] and nothing of the hook's (helpers/p2p.py).
-        if m.user:
-            argv += ["--user", m.user]
+        # The self-test has the server's [env] and nothing of the hook's.
         for name, value in m.env.items():
             if not name.startswith("INFER_UNITS_"):
                 argv += ["--p2p-env", f"{name}={value}"]

@@ -20,23 +20,29 @@ ERR, WARNING, INFO = 3, 4, 6        # syslog priorities
 OUT_OF_SIGHT = ("a process out of sight (another network namespace, or a socket only bound, "
                 "which kernels before 6.11 do not name)")
 REMINDER_S = 10.0       # how often a wait says again that it still waits
+# A dual-stack wildcard bind: it clashes with every socket on its port.
+EVERY_ADDRESS = "::"
 
 
 def holders_text(users: list[tuple[ProcInfo, str]] | None) -> str:
     return "; ".join(f"{i.describe()} ({how})" for i, how in users) if users else OUT_OF_SIGHT
 
 
-def wait_ports(host: str, ports: list[int], unit: str | None, foreign: str, timeout: float,
+def wait_ports(first_host: str, ports: list[int], unit: str | None, foreign: str, timeout: float,
                say: Callable[[str, int], None]) -> int:
     """Every port free within `timeout` (one deadline for all): an exit code
-    of helpers/exitcodes.py.  `unit`: whose processes are not foreign (None:
-    every holder is)."""
+    of helpers/exitcodes.py.  The first of `ports` (the HTTP port) is the
+    one the server binds on `host`; the engines bind the ports they derive
+    from it (torch's stores, TGI's metrics, SGLang's ZMQ ports) on every
+    address, so there any socket on the port holds it.  `unit`: whose
+    processes are not foreign (None: every holder is)."""
     started = time.monotonic()
     deadline = started + timeout
-    for port in ports:
+    for index, port in enumerate(ports):
+        host = first_host if index == 0 else EVERY_ADDRESS
         if wait_port_free(host, port, 0.0):
             continue         # the common case: one look
-        users = port_users(port)
+        users = port_users(host, port)
         strangers = users is None or unit is None or \
             any(not in_unit(i.cgroup, unit) for i, _how in users)
         if strangers and foreign == "fail":
@@ -49,9 +55,9 @@ def wait_ports(host: str, ports: list[int], unit: str | None, foreign: str, time
                                  min(REMINDER_S, max(0.0, deadline - time.monotonic()))):
             if time.monotonic() >= deadline:
                 say(f"port {port} still in use after {timeout:g}s: "
-                    f"{holders_text(port_users(port))}", ERR)
+                    f"{holders_text(port_users(host, port))}", ERR)
                 return exitcodes.TIMED_OUT
-            say(f"port {port} still held by {holders_text(port_users(port))}; waiting "
+            say(f"port {port} still held by {holders_text(port_users(host, port))}; waiting "
                 f"({deadline - time.monotonic():.0f}s left)", WARNING)
         say(f"port {port} free after {(time.monotonic() - started) * 1000:.0f} ms", INFO)
     return exitcodes.CLEAN

@@ -62,20 +62,27 @@ def accepts(address: str, port: int) -> bool:
         return s.connect_ex((address, port)) == 0
 
 
-def _stranger_on(port: int, pid: int | None) -> str | None:
-    """Who holds `port` that is not the server: neither in this hook's service
-    (the unit's cgroup, where ExecStartPost runs) nor the server `pid` or a
-    process below it.  None when all are the server's, or when that cannot
-    be told (no service and no pid; a holder out of sight)."""
+def _stranger_on(address: str, port: int, pid: int | None) -> str | None:
+    """Who listens where an answer from `address`:`port` came from (the
+    address the probe connected to: a listener on another address of the
+    same port never saw it) that is not the server: neither in this hook's
+    service (the unit's cgroup, where ExecStartPost runs) nor the server
+    `pid` or a process below it; or that nobody listens there any more (a
+    listener that answered, then closed).  None when all are the server's,
+    or when that cannot be told (no service and no pid; a holder out of
+    sight)."""
     from ..decide.identity import in_unit
-    from ..facts.ports import port_users
+    from ..facts.ports import listeners
     from ..facts.procinfo import read_cgroup, read_stat, unit_of_cgroup
     unit = unit_of_cgroup(read_cgroup(os.getpid()))
     if unit is not None and not unit.endswith(".service"):
         unit = None             # a session's scope or a slice is no service of ours
     if unit is None and not pid:
         return None
-    for info, how in port_users(port) or []:
+    found = listeners(address, port)
+    if found == []:
+        return f"a listener on {address} port {port} that is gone"
+    for info, how in found or []:
         if unit is not None and in_unit(info.cgroup, unit):
             continue
         below, up = False, info.pid
@@ -176,7 +183,8 @@ def wait_ready(url: str, pid: int | None, timeout: float, interval: float,
                 fast = time.monotonic() - started < LISTEN_FAST_FOR_S
                 wait_s = LISTEN_FAST_POLL_S if fast else LISTEN_POLL_S
             elapsed = time.monotonic() - started
-            if ok and local is not None and (stranger := _stranger_on(local[1], pid)):
+            if ok and local is not None and \
+                    (stranger := _stranger_on(answer.peer or local[0], local[1], pid)):
                 # Anyone may listen on the port while the server loads: a 2xx
                 # from them is not the server's health (docs/trust.md).
                 ok, last = False, f"{last} from {stranger}, not this server's"

@@ -241,7 +241,7 @@ def _port_finding(model: Any) -> Finding | None:
     if model.port is None or "port" not in model.ports:
         return None
     from ..facts.ports import can_bind, port_users
-    users = port_users(model.port)
+    users = port_users(model.host, model.port)
     holders = None if users is None else [info for info, _how in users]
     from ..decide.identity import in_unit      # by systemd's ControlGroup, never a cgroup's name
     own = [h for h in holders or [] if in_unit(h.cgroup, model.unit_name)]

@@ -71,7 +71,7 @@ def _port_view(model: Model, unit_active: bool) -> dict[str, Any] | None:
         return None
     from ..decide.identity import in_unit
     from ..facts.ports import port_users
-    users = port_users(model.port)
+    users = port_users(model.host, model.port)
     if users is None:
         return {"foreign": [], "out_of_sight": True}
     foreign = [{"pid": i.pid, "comm": i.comm, "user": i.user, "how": how,

@@ -38,6 +38,9 @@ class Answer:
     ok: bool            # a 2xx status line within the timeout
     text: str           # "HTTP 200", "HTTP 503", "no answer within 10s", ...
     seconds: float
+    # The address the answer came from (the connection's peer): whose
+    # listener answered is judged there, not by the port alone.
+    peer: str | None = None
 
 
 # A kept connection reads a non-2xx answer's body to its end to reuse it; a
@@ -69,6 +72,7 @@ class _Outcome:
     ok: bool
     text: str
     kept: http.client.HTTPConnection | None     # to ask on next time
+    peer: str | None = None
 
 
 class _Line:
@@ -184,7 +188,7 @@ class Session:
         if isinstance(outcome, BaseException):
             raise outcome
         self.conn = outcome.kept
-        return Answer(outcome.ok, outcome.text, seconds)
+        return Answer(outcome.ok, outcome.text, seconds, outcome.peer)
 
     def _run(self, line: _Line, kept: http.client.HTTPConnection | None,
              body: str | None) -> None:
@@ -241,13 +245,14 @@ class Session:
                     body = None         # 301, 302, 303: the next request is a GET
                 continue
             ok = 200 <= code < 300
+            peer = _peer(conn)
             reusable = keeping and hop == 0 and not ok and _read_rest(line, conn, response)
             if reusable:
                 with line.lock:
                     line.conn = None        # handed back, not in flight
-                return _Outcome(False, f"HTTP {code}", conn)
+                return _Outcome(False, f"HTTP {code}", conn, peer)
             line.close(conn)
-            return _Outcome(ok, f"HTTP {code}", None)
+            return _Outcome(ok, f"HTTP {code}", None, peer)
         return _Outcome(False, f"more than {MAX_REDIRECTS} redirects", None)
 
 
@@ -321,6 +326,14 @@ def _redirect(url: Url, location: str) -> Url:
         base = url.target.partition("?")[0]
         location = base[:base.rfind("/") + 1] + location
     return parse_url(f"{url.scheme}://{url.authority}{location}")
+
+
+def _peer(conn: http.client.HTTPConnection) -> str | None:
+    """The address conn is connected to; None once it is closed."""
+    try:
+        return str(conn.sock.getpeername()[0]) if conn.sock is not None else None
+    except OSError:
+        return None
 
 
 def _idle(sock: socket.socket) -> bool:

@@ -14,6 +14,7 @@ import argparse
 import errno
 import functools
 import os
+import pwd
 import signal
 import sys
 import time
@@ -121,16 +122,19 @@ def pre_start(argv: list[str]) -> int:
     p.option("--timeout", type=_duration, default=settings.default("reap.timeout"))
     p.option("--ignore", action="append", default=[])
     p.option("--port", dest="ports", action="append", type=_port, default=[],
-             help="a TCP port the server binds (repeatable: the HTTP port and every port "
-                  "the engine derives from it); each must be free")
-    p.option("--host", default=settings.default("host"), type=checked(argtypes.host))
+             help="a TCP port the server binds (repeatable: the HTTP port first, then every "
+                  "port the engine derives from it); each must be free")
+    p.option("--host", default=settings.default("host"), type=checked(argtypes.host),
+             help="the address the server binds its HTTP port (the first --port) on; the "
+                  "others are bound on every address")
     p.option("--env-file", help="where resolved CUDA_VISIBLE_DEVICES / P2P results go")
     p.option("--resolve-gpus", action="store_true",
              help="write CUDA_VISIBLE_DEVICES for GPUs named by UUID or PCI id: their "
                   "indexes in PCI order")
     p.option("--p2p", action="store_true", help="run the P2P self-test")
     p.option("--python", default=sys.executable, help="interpreter with torch")
-    p.option("--user", help="the model's user: the self-test runs as them, never as root")
+    p.option("--user", help="the model's user: the model path is looked at and the "
+                            "self-test runs as them, never as root")
     p.option("--p2p-env", action="append", default=[], metavar="NAME=VALUE",
              help="the server's environment ([env]) for the self-test")
     p.option("--p2p-off-args", default="",
@@ -164,7 +168,7 @@ def pre_start(argv: list[str]) -> int:
         _say(fenced, ERR)
         _refuse_without_restart(unit)
         return exitcodes.BLOCKED
-    missing = _missing_model(a.model_path, unit) if a.model_path else None
+    missing = _missing_model(a.model_path, unit, a.user) if a.model_path else None
     if missing:
         _say(missing, ERR)
         _refuse_without_restart(unit)
@@ -189,29 +193,79 @@ def pre_start(argv: list[str]) -> int:
             _say(f"start-limit question failed: {type(e).__name__}: {e}", ERR)
 
 
-def _missing_model(path: str, unit: str) -> str | None:
+def _missing_model(path: str, unit: str, user: str | None) -> str | None:
     """Why the model's path is missing on this host, or None.  A stat and
-    nothing more: nothing of the path is read or opened as root.  Only an
-    answer that the path is not there refuses (a dangling link, a symlink
-    loop, a file where a directory is named); any other error (root
-    squashed on NFS, an I/O error) is the server's to meet as the model's
-    user, and is said as a warning."""
+    nothing more, with the rights of the account the server runs as (its
+    `user`; root only for a model without one): root's stat through a link
+    that account placed would tell it what exists in root's files.  Only an
+    answer that the path is not there refuses (a dangling link, a symbolic
+    link loop, a file where a directory is named); any other (no permission,
+    root squashed on NFS, an I/O error) is the server's to meet, and is said
+    as a warning."""
+    account = None
+    if user and os.geteuid() == 0:
+        try:
+            account = pwd.getpwnam(user)
+        except KeyError:
+            _say(f"model: {path}: not looked at: the model's user {user} is not an "
+                 "account here", WARNING)
+            return None
+    if account is not None and account.pw_uid == 0:
+        account = None
+    code = _stat_as(path, account)
+    if code == 0:
+        return None
+    as_whom = f" as {account.pw_name}" if account is not None else ""
+    if code == _DANGLING:
+        why = "a symbolic link whose target is missing"
+    elif code in (errno.ENOENT, errno.ENOTDIR, errno.ELOOP):
+        why = os.strerror(code)
+    else:
+        reason = "the look failed" if code == _UNKNOWN else os.strerror(code)
+        _say(f"model: {path}: cannot tell{as_whom} whether it exists ({reason}); "
+             "the server will", WARNING)
+        return None
+    name = unit.removesuffix(".service")
+    return (f"model: {path} does not exist on this host ({why}{as_whom}; `infer-units cat "
+            f"{name}` shows the file that sets `model`: fix it there, or put the model at "
+            "that path)")
+
+
+# _stat_as's answers besides 0 (there) and stat's errno: a symbolic link
+# whose target is missing, and a look that could not be made.
+_DANGLING, _UNKNOWN = 255, 254
+
+
+def _look(path: str) -> int:
     try:
         os.stat(path)
-        return None
-    except (FileNotFoundError, NotADirectoryError) as e:
-        why = e.strerror
-        if isinstance(e, FileNotFoundError) and os.path.islink(path):
-            why = "a symbolic link whose target is missing"
+        return 0
     except OSError as e:
-        if e.errno != errno.ELOOP:
-            _say(f"model: {path}: cannot tell whether it exists ({e.strerror}); "
-                 "the server will", WARNING)
-            return None
-        why = e.strerror
-    name = unit.removesuffix(".service")
-    return (f"model: {path} does not exist on this host ({why}; `infer-units cat {name}` "
-            "shows the file that sets `model`: fix it there, or put the model at that path)")
+        if e.errno == errno.ENOENT and os.path.islink(path):
+            return _DANGLING
+        return e.errno if e.errno and 0 < e.errno < _UNKNOWN else _UNKNOWN
+
+
+def _stat_as(path: str, account: pwd.struct_passwd | None) -> int:
+    """_look(path) as `account` (None: as ourselves): a child drops to its
+    uid, gid and groups (as systemd's User= gives them) and looks; only the
+    answer's number comes back, so root never follows a path the account
+    controls, and learns, and says, no more than the account could see."""
+    if account is None:
+        return _look(path)
+    groups = os.getgrouplist(account.pw_name, account.pw_gid)
+    pid = os.fork()
+    if pid == 0:            # the child: nothing but the drop, the look and _exit
+        code = _UNKNOWN
+        try:
+            os.setgroups(groups)
+            os.setresgid(account.pw_gid, account.pw_gid, account.pw_gid)
+            os.setresuid(account.pw_uid, account.pw_uid, account.pw_uid)
+            code = _look(path)
+        finally:
+            os._exit(code)
+    code = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+    return code if 0 <= code <= _DANGLING else _UNKNOWN
 
 
 def _pre_start(a: argparse.Namespace, unit: str, started: float,

@@ -1,7 +1,8 @@
 """What the operator is told, under real systemd (issue 37 items 2, 4, 5):
 `status` fails for a model file that does not load and suggests a name for a
 typo; a crash loop is named with its restarts and last exit; a start refused
-for a foreign port holder names it and says what exit 2 means."""
+for a foreign port holder names it and says what exit 2 means; a listener
+at the model's port on another address is neither."""
 
 from __future__ import annotations
 
@@ -89,6 +90,48 @@ def test_a_foreign_port_holder_refuses_at_once_and_the_exit_is_explained(box) ->
         box.sh("systemctl stop st-squat st-port; systemctl reset-failed st-port st-squat",
                check=False)
         _drop(box, "st-port")
+
+
+
+def test_a_users_listener_at_the_models_port_on_another_address_is_no_holder_nor_health(
+        box) -> None:
+    """An account listening at the model's port on 127.0.0.2 and ::1 (the
+    model binds 127.0.0.1) answers 200 to everyone: the start goes on with
+    `[reap] foreign = "fail"`, the unit's readiness is its own server's,
+    and `status` shows the model's health, not a foreign one."""
+    port = 18405
+    add_model(box, "st-addr", "\n".join([
+        'engine = "command"', f'command = ["/usr/local/bin/fake-engine", "--port", "{port}"]',
+        "gpus = [5]", f"port = {port}", 'host = "127.0.0.1"',
+        "[env]", f'INFER_UNITS_FAKE_GPUS = "{FAKE_TABLE}"',
+        "[reap]", 'foreign = "fail"', 'timeout = "60s"']) + "\n")
+    box.sh("id st-other >/dev/null 2>&1 || useradd --system --no-create-home st-other; "
+           "mkdir -p /var/lib/st-www && : > /var/lib/st-www/health")
+    addresses = ["127.0.0.2"] + (["::1"] if box.sh("test -s /proc/net/if_inet6",
+                                                   check=False).returncode == 0 else [])
+    units = [f"st-other{i}" for i in range(len(addresses))]
+    for unit, address in zip(units, addresses):
+        box.sh(f"systemd-run --unit={unit} -p User=st-other /usr/bin/python3 -m http.server "
+               f"--bind {address} --directory /var/lib/st-www {port}")
+    try:
+        for address in addresses:
+            url = f"http://[{address}]:{port}/health" if ":" in address else \
+                f"http://{address}:{port}/health"
+            answered = f"python3 -c 'import urllib.request as u; u.urlopen(\"{url}\", timeout=1)'"
+            assert wait_until(lambda: box.sh(answered, check=False).returncode == 0, 20), address
+        box.sh("systemctl daemon-reload")
+        started = box.sh("systemctl start st-addr", check=False, timeout=120)
+        journal = box.sh("journalctl -u st-addr -o cat --no-pager").stdout
+        assert started.returncode == 0, journal
+        assert "held by" not in journal and "not this server's" not in journal, journal
+        [model] = json.loads(box.sh("infer-units status --json st-addr", check=False).stdout)[
+            "models"]
+        assert model["health"]["ok"] and not model["health"].get("foreign"), model["health"]
+        assert model["port_view"]["foreign"] == [], model["port_view"]
+    finally:
+        box.sh(f"systemctl stop st-addr {' '.join(units)}; systemctl reset-failed st-addr "
+               f"{' '.join(units)}", check=False)
+        _drop(box, "st-addr")
 
 
 def test_a_drained_host_is_named_and_no_stale_liveness_is_shown(box) -> None:

@@ -127,12 +127,12 @@ def test_a_port_bound_but_not_listening_is_held_and_named() -> None:
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)   # as vLLM binds it
         s.bind(("0.0.0.0", 0))
         port = s.getsockname()[1]
-        users = port_users(port)
+        users = port_users("127.0.0.1", port)
         assert users is not None and [(i.pid, how) for i, how in users] == \
             [(os.getpid(), "bound, not listening yet")]
         assert not wait_port_free("127.0.0.1", port, 0.2)
         s.listen()
-        assert [how for _i, how in port_users(port) or []] == ["listening"]
+        assert [how for _i, how in port_users("127.0.0.1", port) or []] == ["listening"]
     assert wait_port_free("127.0.0.1", port, 1.0)
 
 
@@ -145,11 +145,11 @@ def test_ipv6_holders_are_seen_by_the_same_dump() -> None:
     with socket.socket(socket.AF_INET6, socket.SOCK_STREAM) as s:
         s.bind(("::1", 0))
         port = s.getsockname()[1]
-        assert [(i.pid, how) for i, how in port_users(port) or []] == \
+        assert [(i.pid, how) for i, how in port_users("::1", port) or []] == \
             [(os.getpid(), "bound, not listening yet")]
         s.listen()
-        assert [how for _i, how in port_users(port) or []] == ["listening"]
-    assert port_users(port) == []
+        assert [how for _i, how in port_users("::1", port) or []] == ["listening"]
+    assert port_users("::1", port) == []
 
 
 def _holding_states(port: int) -> list[str]:
@@ -187,7 +187,7 @@ def _connection_on_a_closed_port(time_wait: bool) -> tuple[int, list[socket.sock
 def test_time_wait_leftovers_are_not_holders() -> None:
     from infer_units.helpers.facts.ports import port_users, wait_port_free
     port, _ = _connection_on_a_closed_port(time_wait=True)
-    assert port_users(port) == []
+    assert port_users("127.0.0.1", port) == []
     assert wait_port_free("127.0.0.1", port, 1.0)
 
 
@@ -255,8 +255,11 @@ def test_unused_is_false_for_every_socket_that_uses_the_port(case: str) -> None:
         # unused() False only sends the look to the dump: a leftover of a
         # connection is no holder there (the server binds over it), a
         # bound or listening socket is.
+        # The server's address is the holder's own (a holder on ::1 takes
+        # nothing from a bind of 127.0.0.1: test_port_holders.py).
         leftover = case in ("time-wait", "accepted, listener gone")
-        assert wait_port_free("127.0.0.1", port, 0.0) is leftover, case
+        host = "::1" if case in ("listening v6", "bound v6 only") else "127.0.0.1"
+        assert wait_port_free(host, port, 0.0) is leftover, case
     finally:
         for s in kept:
             s.close()

@@ -1,0 +1,265 @@
+"""A seeded fault-injection campaign under real systemd: one fault at a random
+moment of a start, a restart or a stop of a model, then the promise of
+docs/architecture.md ("Faults") is checked once the unit has had its own
+chance to recover, with no operator action:
+
+  - the unit settles (no job left, not activating) within its own bounds:
+    active and healthy, or failed with a reason `infer-units status` names,
+    or inactive only where the fault was a stop;
+  - nothing a dead hook left (claim lock, env file, liveness state) blocks
+    the next start: `systemctl start` then succeeds;
+  - nothing of the model survives its stop, and its GPU is free when
+    `systemctl stop` returns.
+
+Used by tests/e2e/test_faults_e2e.py (a few dozen faults per suite in CI)
+and bench/fault_soak.py (thousands, with a summary table).  Each fault says
+the seed that reproduces the whole run."""
+
+from __future__ import annotations
+
+import json
+import random
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from .e2e_support import add_model, model_toml
+
+NAME = "fault-m"
+UNIT = f"{NAME}.service"
+GPU = 1
+PORT = 18601
+LOAD_S = 0.6
+# What settling may take after a fault: a start's whole bound ([ready]
+# timeout 20s below, reap's 1s grace and 15s timeout) and RestartSec.
+SETTLE_S = 90.0
+
+# Patterns for pgrep -f: the bracket keeps the shell running pgrep from
+# matching its own command line.
+PRE_START = f"[p]re-start --unit {UNIT}"
+WAIT_READY = f"[w]ait-ready --url http://127.0.0.1:{PORT}/"
+WAIT_FREE = f"[w]ait-free --gpus {GPU} --unit {UNIT}"
+SERVER = f"[f]ake-engine --port {PORT}"
+
+
+@dataclass
+class Outcome:
+    fault: str
+    hit: bool               # the fault happened (its process was there to kill)
+    state: str              # active | failed | inactive | stuck
+    reason: str = ""        # what status names for a failed unit
+    leaked: list[str] = field(default_factory=list)
+    silent: bool = False    # failed, and status names no reason
+    recovered_start: bool = True
+
+
+def install(box) -> None:
+    add_model(box, NAME, model_toml(NAME, [GPU], PORT, ready_timeout="20s", load=LOAD_S))
+    box.sh("systemctl daemon-reload")
+
+
+def _kill_when(box, pattern: str, delay: float) -> str:
+    """SIGKILL the first process matching `pattern` `delay` seconds after it
+    appears (within 20 s); what was killed, or "" when none appeared."""
+    script = (f"for i in $(seq 2000); do pid=$(pgrep -o -f '{pattern}'); "
+              f"[ -n \"$pid\" ] && break; sleep 0.01; done; "
+              f"[ -n \"$pid\" ] || exit 0; sleep {delay:.3f}; "
+              f"kill -9 $pid 2>/dev/null && echo $pid")
+    return box.sh(script, check=False, timeout=60).stdout.strip()
+
+
+def _during_job(box, delay: float, command: str) -> bool:
+    """Run `command` `delay` seconds on; whether the unit's job was still
+    queued or running then (the fault landed inside the step)."""
+    out = box.sh(f"sleep {delay:.3f}; systemctl list-jobs --no-legend {UNIT}; {command}",
+                 check=False).stdout
+    return bool(out.strip())
+
+
+def _start_async(box) -> None:
+    box.sh(f"systemctl start --no-block {UNIT}")
+
+
+def _ensure_active(box) -> None:
+    box.sh(f"systemctl start {UNIT}", check=False, timeout=120)
+
+
+def _ensure_inactive(box) -> None:
+    box.sh(f"systemctl stop {UNIT}; systemctl reset-failed {UNIT} 2>/dev/null || true",
+           check=False, timeout=120)
+
+
+# Each fault: (name, is it about a stop, inject(box, rng)).
+def _pre_start_killed(box, rng: random.Random) -> bool:
+    _ensure_inactive(box)
+    _start_async(box)
+    return bool(_kill_when(box, PRE_START, rng.uniform(0.0, 0.3)))
+
+
+def _wait_ready_killed(box, rng: random.Random) -> bool:
+    _ensure_inactive(box)
+    _start_async(box)
+    return bool(_kill_when(box, WAIT_READY, rng.uniform(0.0, LOAD_S)))
+
+
+def _wait_free_killed(box, rng: random.Random) -> bool:
+    _ensure_active(box)
+    box.sh(f"systemctl stop --no-block {UNIT}")
+    return bool(_kill_when(box, WAIT_FREE, rng.uniform(0.0, 0.1)))
+
+
+def _server_killed_loading(box, rng: random.Random) -> bool:
+    _ensure_inactive(box)
+    _start_async(box)
+    return bool(_kill_when(box, SERVER, rng.uniform(0.0, LOAD_S * 0.8)))
+
+
+def _server_killed_ready(box, rng: random.Random) -> bool:
+    _ensure_active(box)
+    return box.sh(f"sleep {rng.uniform(0.0, 0.5):.3f}; pkill -9 -o -f '{SERVER}'",
+                  check=False).returncode == 0
+
+
+def _restart_killed_mid_reap(box, rng: random.Random) -> bool:
+    _ensure_active(box)
+    box.sh(f"systemctl restart --no-block {UNIT}")
+    return bool(_kill_when(box, PRE_START, rng.uniform(0.0, 0.2)))
+
+
+def _reload_during_start(box, rng: random.Random) -> bool:
+    _ensure_inactive(box)
+    _start_async(box)
+    return _during_job(box, rng.uniform(0.0, 1.5), "systemctl daemon-reload")
+
+
+def _reexec_during_start(box, rng: random.Random) -> bool:
+    _ensure_inactive(box)
+    _start_async(box)
+    return _during_job(box, rng.uniform(0.0, 1.5), "systemctl daemon-reexec")
+
+
+def _reload_during_stop(box, rng: random.Random) -> bool:
+    _ensure_active(box)
+    box.sh(f"systemctl stop --no-block {UNIT}")
+    return _during_job(box, rng.uniform(0.0, 0.3), "systemctl daemon-reload")
+
+
+def _stop_races_restart(box, rng: random.Random) -> bool:
+    _ensure_active(box)
+    first, second = ("restart", "stop") if rng.random() < 0.5 else ("stop", "restart")
+    box.sh(f"systemctl {first} --no-block {UNIT}")
+    return _during_job(box, rng.uniform(0.0, 0.5), f"systemctl {second} --no-block {UNIT}")
+
+
+FAULTS: list[tuple[str, bool, Callable[..., bool]]] = [
+    ("pre-start SIGKILLed during a start", False, _pre_start_killed),
+    ("wait-ready SIGKILLed while the server loads", False, _wait_ready_killed),
+    ("wait-free SIGKILLed during a stop", True, _wait_free_killed),
+    ("server SIGKILLed while loading", False, _server_killed_loading),
+    ("server SIGKILLed once ready", False, _server_killed_ready),
+    ("pre-start SIGKILLed during a restart's reap", False, _restart_killed_mid_reap),
+    ("daemon-reload during a start", False, _reload_during_start),
+    ("daemon-reexec during a start", False, _reexec_during_start),
+    ("daemon-reload during a stop", True, _reload_during_stop),
+    ("stop and restart racing", True, _stop_races_restart),
+]
+
+
+def _settled(box) -> str | None:
+    """The unit's state once no job is queued and it is not on its way
+    somewhere (activating, deactivating, an automatic restart pending)."""
+    out = box.sh(f"systemctl show -p ActiveState -p SubState {UNIT}; "
+                 f"systemctl list-jobs --no-legend {UNIT}", check=False).stdout
+    values = dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
+    jobs = [line for line in out.splitlines() if "=" not in line and line.strip()]
+    state = values.get("ActiveState", "")
+    if jobs or state not in ("active", "failed", "inactive"):
+        return None
+    return state
+
+
+def _status_reason(box) -> tuple[int, str]:
+    done = box.sh(f"infer-units status {NAME} --json", check=False)
+    try:
+        doc = json.loads(done.stdout)
+    except ValueError:
+        return done.returncode, ""
+    models = doc.get("models") or []
+    model = models[0] if models and isinstance(models[0], dict) else {}
+    text = " ".join(str(model.get(key) or "") for key in ("why", "note", "reason", "result"))
+    return done.returncode, text.strip()
+
+
+def _leaks(box) -> list[str]:
+    """What of the model is left once `systemctl stop` returned."""
+    leaked = []
+    if box.sh(f"pgrep -f '{SERVER}'", check=False).stdout.strip():
+        leaked.append("a server process outlived the stop")
+    out = box.sh(f"INFER_UNITS_FAKE_GPUS=/etc/infer-units/fakegpus.json infer-units holders "
+                 f"--json --gpus {GPU}", check=False).stdout
+    try:
+        holders = json.loads(out)["holders"]
+    except (ValueError, KeyError):
+        holders = []
+    if holders:
+        leaked.append(f"GPU {GPU} still held: {[h.get('pid') for h in holders]}")
+    return leaked
+
+
+def run_fault(box, rng: random.Random, index: int | None = None) -> Outcome:
+    name, about_stop, inject = FAULTS[rng.randrange(len(FAULTS)) if index is None else index]
+    hit = inject(box, rng)
+    deadline = time.monotonic() + SETTLE_S
+    state = None
+    while time.monotonic() < deadline:
+        state = _settled(box)
+        if state is not None:
+            break
+        time.sleep(0.2)
+    outcome = Outcome(name, hit, state or "stuck")
+    if state == "failed":
+        code, reason = _status_reason(box)
+        outcome.reason = reason
+        outcome.silent = code != 3 or not reason
+    elif state == "inactive" and not about_stop:
+        outcome.silent = True       # a start that ended as if nobody had asked for it
+    # Whatever the fault left, the next start must not be blocked by it.
+    started = box.sh(f"systemctl start {UNIT}", check=False, timeout=120)
+    outcome.recovered_start = started.returncode == 0
+    box.sh(f"systemctl stop {UNIT}", check=False, timeout=120)
+    outcome.leaked = _leaks(box)
+    box.sh(f"systemctl reset-failed {UNIT} 2>/dev/null || true", check=False)
+    return outcome
+
+
+def campaign(box, seed: int, count: int) -> list[Outcome]:
+    """`count` faults drawn with `seed`; every kind at least once when
+    `count` allows (the first len(FAULTS) in order, then drawn)."""
+    rng = random.Random(seed)
+    install(box)
+    outcomes = []
+    for i in range(count):
+        outcomes.append(run_fault(box, rng, i if i < len(FAULTS) else None))
+    return outcomes
+
+
+def bad(outcome: Outcome) -> bool:
+    return (outcome.state == "stuck" or outcome.silent or bool(outcome.leaked)
+            or not outcome.recovered_start)
+
+
+def summary(outcomes: list[Outcome]) -> str:
+    rows = ["| fault | injected | landed in its step | recovered | failed with a reason | stuck "
+            "| silent | leaked | next start blocked |",
+            "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for name, _stop, _inject in FAULTS:
+        mine = [o for o in outcomes if o.fault == name]
+        if not mine:
+            continue
+        rows.append(f"| {name} | {len(mine)} | {sum(o.hit for o in mine)} | "
+                    f"{sum(o.state in ('active', 'inactive') and not o.silent for o in mine)} | "
+                    f"{sum(o.state == 'failed' and not o.silent for o in mine)} | "
+                    f"{sum(o.state == 'stuck' for o in mine)} | {sum(o.silent for o in mine)} | "
+                    f"{sum(bool(o.leaked) for o in mine)} | "
+                    f"{sum(not o.recovered_start for o in mine)} |")
+    return "\n".join(rows)

@@ -34,12 +34,50 @@ LOAD_S = 0.6
 # timeout 20s below, reap's 1s grace and 15s timeout) and RestartSec.
 SETTLE_S = 90.0
 
-# Patterns for pgrep -f: the bracket keeps the shell running pgrep from
-# matching its own command line.
-PRE_START = f"[p]re-start --unit {UNIT}"
-WAIT_READY = f"[w]ait-ready --url http://127.0.0.1:{PORT}/"
-WAIT_FREE = f"[w]ait-free --gpus {GPU} --unit {UNIT}"
-SERVER = f"[f]ake-engine --port {PORT}"
+# What a process's command line holds, for tests/e2e/faults.py's finder in
+# the container (a minbase Debian has no pgrep).
+PRE_START = f"pre-start --unit {UNIT}"
+WAIT_READY = f"wait-ready --url http://127.0.0.1:{PORT}/"
+WAIT_FREE = f"wait-free --gpus {GPU} --unit {UNIT}"
+SERVER = f"fake-engine --port {PORT}"
+FINDER = "/usr/local/bin/fault-finder"
+# fault-finder WAIT DELAY TEXT: the oldest process whose command line holds
+# TEXT, waited for up to WAIT seconds; printed, and SIGKILLed DELAY seconds
+# later unless DELAY is negative.  Exits 1 when none appeared.
+FINDER_SOURCE = r"""#!/usr/bin/python3
+import os, signal, sys, time
+wait, delay, text = float(sys.argv[1]), float(sys.argv[2]), sys.argv[3].encode()
+me = os.getpid()
+def find():
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == me:
+            continue
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                cmdline = f.read().replace(b"\0", b" ")
+            with open(f"/proc/{entry}/stat", "rb") as f:
+                state = f.read().rsplit(b")", 1)[1].split()
+        except OSError:
+            continue
+        if text in cmdline and state[0] != b"Z":
+            found.append((int(state[19]), int(entry)))
+    return min(found)[1] if found else None
+deadline = time.monotonic() + wait
+pid = find()
+while pid is None and time.monotonic() < deadline:
+    time.sleep(0.005)
+    pid = find()
+if pid is None:
+    sys.exit(1)
+if delay >= 0:
+    time.sleep(delay)
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        sys.exit(1)
+print(pid)
+"""
 
 
 @dataclass
@@ -54,18 +92,15 @@ class Outcome:
 
 
 def install(box) -> None:
+    box.write(FINDER, FINDER_SOURCE, mode=0o755)
     add_model(box, NAME, model_toml(NAME, [GPU], PORT, ready_timeout="20s", load=LOAD_S))
     box.sh("systemctl daemon-reload")
 
 
-def _kill_when(box, pattern: str, delay: float) -> str:
-    """SIGKILL the first process matching `pattern` `delay` seconds after it
-    appears (within 20 s); what was killed, or "" when none appeared."""
-    script = (f"for i in $(seq 2000); do pid=$(pgrep -o -f '{pattern}'); "
-              f"[ -n \"$pid\" ] && break; sleep 0.01; done; "
-              f"[ -n \"$pid\" ] || exit 0; sleep {delay:.3f}; "
-              f"kill -9 $pid 2>/dev/null && echo $pid")
-    return box.sh(script, check=False, timeout=60).stdout.strip()
+def _kill_when(box, text: str, delay: float) -> str:
+    """SIGKILL the oldest process whose command line holds `text`, `delay`
+    seconds after it appears (within 20 s); what was killed, or ""."""
+    return box.sh(f"{FINDER} 20 {delay:.3f} '{text}'", check=False, timeout=60).stdout.strip()
 
 
 def _during_job(box, delay: float, command: str) -> bool:
@@ -116,8 +151,7 @@ def _server_killed_loading(box, rng: random.Random) -> bool:
 
 def _server_killed_ready(box, rng: random.Random) -> bool:
     _ensure_active(box)
-    return box.sh(f"sleep {rng.uniform(0.0, 0.5):.3f}; pkill -9 -o -f '{SERVER}'",
-                  check=False).returncode == 0
+    return bool(_kill_when(box, SERVER, rng.uniform(0.0, 0.5)))
 
 
 def _restart_killed_mid_reap(box, rng: random.Random) -> bool:
@@ -193,7 +227,7 @@ def _status_reason(box) -> tuple[int, str]:
 def _leaks(box) -> list[str]:
     """What of the model is left once `systemctl stop` returned."""
     leaked = []
-    if box.sh(f"pgrep -f '{SERVER}'", check=False).stdout.strip():
+    if box.sh(f"{FINDER} 0 -1 '{SERVER}'", check=False).stdout.strip():
         leaked.append("a server process outlived the stop")
     out = box.sh(f"INFER_UNITS_FAKE_GPUS=/etc/infer-units/fakegpus.json infer-units holders "
                  f"--json --gpus {GPU}", check=False).stdout

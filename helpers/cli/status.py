@@ -7,6 +7,7 @@ import time
 from typing import Any
 
 from ...generator.build import load_all
+from ...generator.errors import one_line
 from ...generator.model import Model
 from ...generator.render import health_url
 from ..decide.attribution import attribute
@@ -80,49 +81,87 @@ def _port_view(model: Model, unit_active: bool) -> dict[str, Any] | None:
     return {"foreign": foreign, "out_of_sight": False}
 
 
-def hooks_last_error(unit: str) -> str | None:
-    """The last error line the unit's hooks wrote to the journal (each
-    failing hook's closing line says what its exit code means); None where
-    the journal cannot be read."""
+HOOK_PREFIX = "infer-units: "      # generator/log.py say(): every hook line starts so
+
+
+def hooks_last_error(unit: str, invocation: str = "") -> str | None:
+    """The last error line the unit's own hooks wrote (each failing hook's
+    closing line says what its exit code means; a refused start's line says
+    why), for its latest run (`invocation`), else its last since boot; None
+    where there is none or the journal cannot be read.  Asked by the fields
+    journald itself sets (_SYSTEMD_UNIT, _SYSTEMD_INVOCATION_ID): the units
+    log under the model's name (SyslogIdentifier=), not under infer-units."""
     import subprocess
-    try:
-        done = subprocess.run(["journalctl", "--no-pager", "-q", "-o", "cat", "-u", unit,
-                               "-t", "infer-units", "-p", "err", "-n", "1"],
-                              capture_output=True, text=True, timeout=10, errors="replace")
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    lines = done.stdout.strip().splitlines()
-    return " ".join(lines[-1].split())[:300] if done.returncode == 0 and lines else None
+    runs = ([f"_SYSTEMD_INVOCATION_ID={invocation}"] if invocation else []) + ["-b"]
+    for run in runs:
+        try:
+            done = subprocess.run(["journalctl", "--no-pager", "-q", "-o", "cat",
+                                   f"_SYSTEMD_UNIT={unit}", run, "-p", "err", "-n", "200"],
+                                  capture_output=True, text=True, timeout=10, errors="replace")
+        except (OSError, subprocess.TimeoutExpired):
+            return None
+        if done.returncode != 0:
+            return None
+        said = [ln for ln in done.stdout.splitlines() if ln.startswith(HOOK_PREFIX)]
+        if said:
+            # What the hook printed is escaped here, where it is read.
+            return one_line(" ".join(said[-1][len(HOOK_PREFIX):].split()))[:400]
+    return None
+
+
+def crash_looping(sd: dict[str, Any]) -> bool:
+    """Restart= is bringing the unit back after a failure: waiting to restart,
+    or starting again after one.  Never `failed` by design (Restart=always),
+    so `status` counts it as failed for its exit code and says so."""
+    return bool(sd.get("available")) and (
+        sd.get("sub_state") == "auto-restart"
+        or (sd.get("active_state") == "activating" and sd.get("restarts", 0) > 0))
+
+
+_MAIN_CODES = {1: "exited", 2: "killed", 3: "dumped core"}
+
+
+def last_try(sd: dict[str, Any]) -> str:
+    """How the last try ended.  While it starts again systemd has reset Result=
+    to success for the new try: then the main process' last exit says it."""
+    code, status = sd.get("exec_main_code") or 0, sd.get("exec_main_status") or 0
+    main = ""
+    if code == 1:
+        main = f"main process exit status {status}"
+    elif code in _MAIN_CODES:
+        main = f"main process {_MAIN_CODES[code]} (signal {status})"
+    result = sd.get("result") or "?"
+    if sd.get("sub_state") == "auto-restart" or sd.get("active_state") == "failed":
+        return f"last result {result}" + (f", {main}" if main and result != "success" else "")
+    return f"last try: {main}" if main else "last try: failed before its server started"
 
 
 def _why(entry: dict[str, Any], fence: dict[str, Any] | None) -> list[str]:
     """What the state alone does not say: a drained host, a crash loop and
-    its last exit, a foreign process on the model's port."""
+    its last exit, a refused or failed start and why, a foreign process on
+    the model's port."""
     why: list[str] = []
     sd = entry["systemd"]
+    unit = entry["unit"]
     active = sd.get("active_state") == "active"
     if fence is not None and not active:
         since = f" since {fence['since_text']}" if fence.get("since_text") else ""
         why.append(f"drained by `infer-units drain`{since}: starts are refused until "
                    "`infer-units resume`")
-    if sd.get("available") and (sd.get("sub_state") == "auto-restart"
-                                or (sd.get("active_state") == "activating"
-                                    and sd.get("restarts", 0) > 0)):
-        status = sd.get("exec_main_status") or 0
-        last = f"last result {sd.get('result') or '?'}"
-        if status:
-            last += f", main process exit status {status}"
-        said = entry.get("last_error")
-        why.append(f"crash loop: {sd.get('restarts', 0)} automatic restart(s), {last}; "
-                   + (f"its hooks' last error: {said}" if said else
-                      f"the failing step's reason: journalctl -u {entry['unit']} -p err"))
-    elif sd.get("active_state") == "failed" and entry.get("last_error"):
-        why.append(f"failed; its hooks' last error: {entry['last_error']}")
+    said = entry.get("last_error")
+    # The server's own output (a traceback) is logged at info: -p err would hide it.
+    output = f"the server's own output: journalctl -u {unit} -n 50"
+    if crash_looping(sd):
+        why.append(f"crash loop: {sd.get('restarts', 0)} automatic restart(s), {last_try(sd)}; "
+                   + (f"its hooks' last error: {said}; " if said else "") + output)
+    elif sd.get("active_state") == "failed":
+        why.append(f"failed ({last_try(sd)})"
+                   + (f": {said}" if said else f"; {output}"))
     port = entry.get("port_view")
     if port and port["foreign"]:
         who = "; ".join(f"pid {p['pid']} ({p['comm']}, user {p['user']}, {p['where']}, "
                         f"{p['how']})" for p in port["foreign"])
-        why.append(f"port {entry['port']} is held by a process not of {entry['unit']}: {who}")
+        why.append(f"port {entry['port']} is held by a process not of {unit}: {who}")
     return why
 
 
@@ -133,7 +172,9 @@ def model_status(model: Model, fence: dict[str, Any] | None = None) -> dict[str,
     try:
         state = unit_state(model.unit_name)
         entry["systemd"] = {"available": True, **state.as_json(),
-                            "exec_main_status": state.exec_main_status}
+                            "exec_main_status": state.exec_main_status,
+                            "exec_main_code": state.exec_main_code,
+                            "invocation_id": state.invocation_id}
         entry["since_s"] = (round(time.time() - state.active_since_us / 1e6, 1)
                             if state.active_since_us and state.active_state == "active" else None)
         entry["main_rss_mib"] = _rss_mib(state.main_pid)
@@ -156,9 +197,9 @@ def model_status(model: Model, fence: dict[str, Any] | None = None) -> dict[str,
         entry["nodes"] = _nodes_view(model, entry)
     entry["liveness"] = liveness_view(model)
     sd = entry["systemd"]
-    if sd.get("active_state") == "failed" or sd.get("sub_state") == "auto-restart" or \
-            (sd.get("active_state") == "activating" and sd.get("restarts", 0) > 0):
-        entry["last_error"] = hooks_last_error(model.unit_name)
+    if sd.get("active_state") == "failed" or crash_looping(sd):
+        entry["last_error"] = hooks_last_error(model.unit_name,
+                                               sd.get("invocation_id") or "")
     entry["why"] = _why(entry, fence)
     return entry
 
@@ -290,7 +331,9 @@ def table(report: dict[str, Any]) -> str:
 #      be asked about some model: like
 #      systemctl without a running systemd ("System has not been booted with
 #      systemd", exit 1); the report cannot say whether models run.
-#   3  a model is failed: `systemctl status` exits 3 for a unit that is not
+#   3  a model is failed, or crash-looping (Restart= bringing it back after a
+#      failure: never `failed` by design, but not serving either):
+#      `systemctl status` exits 3 for a unit that is not
 #      running (LSB), so scripts and monitoring read it the same way.  The
 #      number is also the hooks' "timed out with holders left" (helpers/exitcodes.py); status never
 #      reaps, so the two cannot meet in one command.
@@ -304,6 +347,7 @@ def exit_code(report: dict[str, Any]) -> int:
     if report["unknown"] or report["errors"] or \
             any(not m["systemd"]["available"] for m in models):
         return CONFIG_ERROR
-    if any(m["systemd"].get("active_state") == "failed" for m in models):
+    if any(m["systemd"].get("active_state") == "failed" or crash_looping(m["systemd"])
+           for m in models):
         return FAILED
     return CLEAN

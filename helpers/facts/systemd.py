@@ -130,6 +130,8 @@ class UnitState:
     restarts: int
     exec_main_status: int
     source_path: str
+    exec_main_code: int = 0         # the last main process: 1 exited, 2 killed, 3 dumped core
+    invocation_id: str = ""         # the current (or last) run's, as journald records it
 
     def as_json(self) -> dict[str, Any]:
         return {"name": self.name, "load_state": self.load_state,
@@ -152,7 +154,9 @@ def unit_state(name: str) -> UnitState:
         active_since_us=int(unit("ActiveEnterTimestamp", "t")),
         restarts=int(service("NRestarts", "u")),
         exec_main_status=int(service("ExecMainStatus", "i")),
-        source_path=_s(unit("SourcePath")))
+        source_path=_s(unit("SourcePath")),
+        exec_main_code=int(service("ExecMainCode", "i")),
+        invocation_id=bytes(unit("InvocationID", "ay")).hex())
 
 
 def slice_path(slice_name: str) -> str:

@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from .e2e_support import FAKE_TABLE, add_model, show, wait_until
+from .e2e_support import FAKE_TABLE, add_model, engine_toml, make_model_path, show, wait_until
 
 pytestmark = pytest.mark.e2e
 
@@ -51,8 +51,14 @@ def test_a_crash_loop_is_named_with_its_restarts_and_last_exit(box) -> None:
         assert model is not None
         [why] = [w for w in model["why"] if "crash loop" in w]
         assert "automatic restart(s)" in why and "main process exit status 7" in why, why
-        table = box.sh("infer-units status st-loop", check=False).stdout
-        assert "st-loop: crash loop:" in table, table
+        # Every try ended exit-code: the note never calls the last one a success,
+        # and points at the server's own output (logged at info, not err).
+        assert "success" not in why and "journalctl -u st-loop.service -n 50" in why, why
+        assert "-p err" not in why, why
+        done = box.sh("infer-units status st-loop", check=False)
+        assert "st-loop: crash loop:" in done.stdout, done.stdout
+        # A crash loop is never `failed` (Restart=always), yet not serving: exit 3.
+        assert done.returncode == 3, (done.returncode, done.stdout)
     finally:
         box.sh("systemctl stop st-loop; systemctl reset-failed st-loop", check=False)
         _drop(box, "st-loop")
@@ -117,3 +123,49 @@ def test_a_drained_host_is_named_and_no_stale_liveness_is_shown(box) -> None:
         box.sh("infer-units resume --timeout 60s", check=False, timeout=120)
         box.sh("systemctl stop st-drain", check=False)
         _drop(box, "st-drain")
+
+
+def _refused(box, name: str, reason: str) -> None:
+    """A start refused by pre-start: systemctl says only that its job was
+    canceled; the unit ends failed with pre-start's own exit status (no
+    automatic restart), the journal's refusal line points at `status`, and
+    `status` exits 3 naming the reason."""
+    started = box.sh(f"systemctl start {name}", check=False, timeout=120)
+    assert started.returncode != 0 and "canceled" in started.stderr, started
+    assert wait_until(lambda: show(box, f"{name}.service", "ActiveState")["ActiveState"]
+                      == "failed", 30), show(box, f"{name}.service", "ActiveState", "Result")
+    props = show(box, f"{name}.service", "Result", "NRestarts")
+    assert props == {"Result": "exit-code", "NRestarts": "0"}, props
+    log = box.sh(f"journalctl -u {name} -p err -o cat --no-pager").stdout
+    assert f"start of {name}.service refused; no automatic restart: " in log and \
+        f"`infer-units status {name}` says why" in log, log
+    done = box.sh(f"infer-units status {name}", check=False)
+    assert done.returncode == 3, (done.returncode, done.stdout)
+    [note] = [ln for ln in done.stdout.splitlines() if ln.startswith(f"note: {name}: failed")]
+    assert reason in note and "exit-code" in note, done.stdout
+    status = box.sh(f"infer-units status --json {name}", check=False)
+    [model] = json.loads(status.stdout)["models"]
+    assert any(reason in w for w in model["why"]), model["why"]
+
+
+def test_a_refused_llamacpp_start_ends_failed_and_status_says_why(box) -> None:
+    """llama.cpp's server is stopped with SIGKILL: that must not reach a
+    pre-start refusing the start (a SIGKILLed hook is a success status)."""
+    name, path = "st-llama", "/models/st-llama-absent.gguf"
+    text = engine_toml(name, "llamacpp", [2], 18405).replace(
+        f'model = "/models/{name}"', f'model = "{path}"')
+    add_model(box, name, text, model_present=False)
+    box.sh(f"systemctl daemon-reload; systemctl reset-failed {name} 2>/dev/null; true")
+    try:
+        _refused(box, name, f"model: {path} does not exist on this host")
+        # The model in place, but the host drained: refused again, as failed.
+        make_model_path(box, path)
+        box.sh(f"systemctl reset-failed {name}")
+        drain = box.sh(f"INFER_UNITS_FAKE_GPUS={FAKE_TABLE} infer-units drain --term-grace 1s "
+                       "--timeout 30s", check=False, timeout=120)
+        assert drain.returncode == 0, drain.stderr
+        _refused(box, name, "GPUs drained by `infer-units drain`")
+    finally:
+        box.sh("infer-units resume --timeout 60s", check=False, timeout=120)
+        box.sh(f"systemctl stop {name}; systemctl reset-failed {name}", check=False)
+        _drop(box, name)

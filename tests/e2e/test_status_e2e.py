@@ -6,6 +6,7 @@ for a foreign port holder names it and says what exit 2 means."""
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -169,3 +170,100 @@ def test_a_refused_llamacpp_start_ends_failed_and_status_says_why(box) -> None:
         box.sh("infer-units resume --timeout 60s", check=False, timeout=120)
         box.sh(f"systemctl stop {name}; systemctl reset-failed {name}", check=False)
         _drop(box, name)
+
+
+def test_a_changed_dropin_or_host_default_marks_the_unit_stale_until_daemon_reload(box) -> None:
+    """systemd notices only the main file (SourcePath=): a drop-in or a host
+    default changed, or a drop-in added, after daemon-reload is named by
+    `status` until the next daemon-reload."""
+    name = "st-stale"
+    add_model(box, name, 'engine = "command"\ncommand = ["/bin/sleep", "600"]\n')
+    box.write(f"/etc/infer-units/{name}.toml.d/10-desc.toml", 'description = "one"\n')
+    box.sh("systemctl daemon-reload")
+
+    def why() -> list[str]:
+        done = box.sh(f"infer-units status --json {name}", check=False)
+        [model] = json.loads(done.stdout)["models"]
+        return [w for w in model["why"] if w.startswith("stale: ")]
+    try:
+        assert why() == [], why()
+        box.sh(f"sleep 0.01; echo 'description = \"two\"' > /etc/infer-units/{name}.toml.d/10-desc.toml")
+        assert why() == [f"stale: /etc/infer-units/{name}.toml.d/10-desc.toml changed since the "
+                         "unit was generated; run systemctl daemon-reload"], why()
+        table = box.sh(f"infer-units status {name}", check=False).stdout
+        assert f"note: {name}: stale: " in table, table
+        box.sh("systemctl daemon-reload")
+        assert why() == [], why()
+        box.write(f"/etc/infer-units/{name}.toml.d/20-more.toml", 'description = "three"\n')
+        assert why() == [f"stale: /etc/infer-units/{name}.toml.d/20-more.toml was added since the "
+                         "unit was generated; run systemctl daemon-reload"], why()
+        box.sh("systemctl daemon-reload")
+        box.sh("mkdir -p /etc/infer-units/defaults.toml.d && echo '[reap]' "
+               "> /etc/infer-units/defaults.toml.d/50-st-stale.toml")
+        assert why() and "50-st-stale.toml was added" in why()[0], why()
+    finally:
+        box.sh(f"rm -rf /etc/infer-units/{name}.toml.d /etc/infer-units/defaults.toml.d/50-st-stale.toml",
+               check=False)
+        _drop(box, name)
+
+
+def test_two_models_alternating_on_one_gpu_are_a_note_not_an_error(box) -> None:
+    """Both units are generated (the second start is refused while the first
+    holds the GPU): `status` and `doctor` say so without failing; `check`,
+    which validates files, still calls the overlap an error."""
+    for name, port in (("st-alt-a", 18406), ("st-alt-b", 18407)):
+        add_model(box, name, "\n".join([
+            'engine = "command"', f'command = ["/usr/local/bin/fake-engine", "--port", "{port}"]',
+            "gpus = [1]", f"port = {port}",
+            "[env]", f'INFER_UNITS_FAKE_GPUS = "{FAKE_TABLE}"']) + "\n")
+    box.sh("systemctl daemon-reload")
+    try:
+        done = box.sh("infer-units status st-alt-a st-alt-b", check=False)
+        assert done.returncode == 0, (done.stdout, done.stderr)
+        assert not [ln for ln in done.stdout.splitlines() if ln.startswith("error:")], done.stdout
+        assert "does not load" not in done.stderr, done.stderr
+        assert "GPU 1 also used by st-alt-a" in done.stdout and "alternate" in done.stdout, \
+            done.stdout
+        report = json.loads(box.sh("infer-units status --json st-alt-b", check=False).stdout)
+        assert report["errors"] == [] and len(report["shared"]) == 1, report
+        doctor = box.sh(f"INFER_UNITS_FAKE_GPUS={FAKE_TABLE} infer-units doctor st-alt-b",
+                        check=False)
+        assert not [ln for ln in doctor.stdout.splitlines()
+                    if ln.startswith("error:") and "also used" in ln], doctor.stdout
+        assert "shared" in doctor.stdout and "also used by st-alt-a" in doctor.stdout, \
+            doctor.stdout
+        check = box.sh("infer-units check st-alt-b", check=False)
+        assert check.returncode == 1 and "GPU 1 also used by st-alt-a" in check.stderr, check
+    finally:
+        _drop(box, "st-alt-a", "st-alt-b")
+
+
+def test_resume_says_each_unit_as_it_becomes_active_or_loops(box) -> None:
+    flag = "/run/st-res-crash"
+    for name, port in (("st-res-ok", 18408), ("st-res-loop", 18409)):
+        serve = f"exec /usr/local/bin/fake-engine --port {port}"
+        script = f"test -e {flag} && exit 7; {serve}" if name == "st-res-loop" else serve
+        add_model(box, name, "\n".join([
+            'engine = "command"', f"command = {json.dumps(['/bin/sh', '-c', script])}",
+            f"port = {port}",
+            "[env]", f'INFER_UNITS_FAKE_GPUS = "{FAKE_TABLE}"',
+            "[service]", 'RestartSec = "1s"']) + "\n")
+    box.sh(f"rm -f {flag}; systemctl daemon-reload && systemctl start st-res-ok st-res-loop",
+           timeout=120)
+    try:
+        drain = box.sh(f"INFER_UNITS_FAKE_GPUS={FAKE_TABLE} infer-units drain --term-grace 1s "
+                       "--timeout 30s", check=False, timeout=120)
+        assert drain.returncode == 0, drain.stderr
+        box.sh(f"touch {flag}")
+        done = box.sh("infer-units resume --timeout 20s", check=False, timeout=120)
+        assert done.returncode == 3, (done.returncode, done.stderr)
+        lines = done.stderr.splitlines()
+        assert any(re.fullmatch(r"infer-units: st-res-ok\.service active \(\d+ of \d+ active\)",
+                                ln) for ln in lines), done.stderr
+        assert any(ln.startswith("infer-units: st-res-loop.service is crash-looping (")
+                   and "`infer-units status st-res-loop`" in ln for ln in lines), done.stderr
+    finally:
+        box.sh(f"rm -f {flag}; infer-units resume --timeout 5s; "
+               "systemctl stop st-res-ok st-res-loop; systemctl reset-failed st-res-loop",
+               check=False, timeout=120)
+        _drop(box, "st-res-ok", "st-res-loop")

@@ -94,7 +94,10 @@ def check(names: tuple[str, ...], as_json: bool, verify: bool) -> None:
     from ...generator.errors import ConfigError
 
     loaded = load_all(list(names))
-    problems: list[Any] = [*loaded.errors, *loaded.missing_errors(), *loaded.conflicts]
+    given = {os.path.abspath(n) for n in names}
+    checked = {m.name: m for m in loaded.models if m.main_path in given}
+    problems: list[Any] = [*loaded.errors, *loaded.missing_errors(),
+                           *[_from_checked_side(c, checked) for c in loaded.conflicts]]
     passed: list[dict[str, str]] = []
     warnings: list[str] = []
     rendered = []
@@ -132,6 +135,20 @@ def check(names: tuple[str, ...], as_json: bool, verify: bool) -> None:
         echo_json({"ok": passed, "errors": [str(p) for p in problems],
                    "warnings": warnings, "verify": findings, "exit": code})
     sys.exit(code)
+
+
+def _from_checked_side(clash: Any, checked: dict[str, Any]) -> Any:
+    """A clash is reported against the later model's file; for a file
+    checked by its path beside the installed models (`check PATH`, before it
+    is installed), it is said against that file, naming the installed one."""
+    if clash.other not in checked or clash.model in checked:
+        return clash
+    from ...generator.errors import ConfigError
+    mine = checked[clash.other]
+    what = clash.reason.rsplit(f" by {clash.other} (", 1)[0]
+    error = ConfigError(mine.main_path, clash.key, f"{what} by {clash.model} ({clash.path})")
+    error.model, error.other = mine.name, clash.model
+    return error
 
 
 def _host_gpus() -> list[Any] | None:

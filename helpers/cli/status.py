@@ -240,7 +240,11 @@ def model_status(model: Model, fence: dict[str, Any] | None = None) -> dict[str,
     entry["metrics"] = load_state(model.unit_name)
     if model.nodes is not None:
         entry["nodes"] = _nodes_view(model, entry)
-    entry["liveness"] = liveness_view(model)
+    entry["liveness"] = live = liveness_view(model)
+    since = entry["systemd"].get("active_since")
+    if live and live["last_probe"] and since and live["last_probe"].get("time", 0) < since:
+        # A probe of the server before the last (re)start says nothing of this one.
+        live["last_probe"], live["last_probe_age_s"] = None, None
     sd = entry["systemd"]
     if sd.get("active_state") == "failed" or crash_looping(sd):
         entry["last_error"] = hooks_last_error(model.unit_name,

@@ -179,13 +179,16 @@ def test_a_changed_dropin_or_host_default_marks_the_unit_stale_until_daemon_relo
     name = "st-stale"
     add_model(box, name, 'engine = "command"\ncommand = ["/bin/sleep", "600"]\n')
     box.write(f"/etc/infer-units/{name}.toml.d/10-desc.toml", 'description = "one"\n')
-    box.sh("systemctl daemon-reload")
 
     def why() -> list[str]:
         done = box.sh(f"infer-units status --json {name}", check=False)
         [model] = json.loads(done.stdout)["models"]
-        return [w for w in model["why"] if w.startswith("stale: ")]
+        return [w for w in model["why"] if w.startswith(("stale: ", "no unit yet: "))]
     try:
+        # A new model file before daemon-reload has no unit yet.
+        assert why() == [f"no unit yet: /etc/infer-units/{name}.toml was added since the units "
+                         "were generated; run systemctl daemon-reload"], why()
+        box.sh("systemctl daemon-reload")
         assert why() == [], why()
         box.sh(f"sleep 0.01; echo 'description = \"two\"' > /etc/infer-units/{name}.toml.d/10-desc.toml")
         assert why() == [f"stale: /etc/infer-units/{name}.toml.d/10-desc.toml changed since the "
@@ -267,3 +270,25 @@ def test_resume_says_each_unit_as_it_becomes_active_or_loops(box) -> None:
                "systemctl stop st-res-ok st-res-loop; systemctl reset-failed st-res-loop",
                check=False, timeout=120)
         _drop(box, "st-res-ok", "st-res-loop")
+
+
+def test_a_user_without_an_account_is_named_by_check_and_by_the_crash_loop(box) -> None:
+    name = "st-nouser"
+    add_model(box, name, "\n".join([
+        'engine = "command"', 'command = ["/bin/sleep", "600"]', 'user = "st-no-such-user"',
+        "[service]", 'RestartSec = "1s"']) + "\n")
+    box.sh("systemctl daemon-reload")
+    try:
+        check = box.sh(f"infer-units check {name}", check=False)
+        assert check.returncode == 0 and "user: st-no-such-user does not exist on this host" \
+            in check.stderr and "useradd --system" in check.stderr, check
+        box.sh(f"systemctl start --no-block {name}")
+        assert wait_until(lambda: int(show(box, f"{name}.service", "NRestarts")["NRestarts"])
+                          >= 1, 60), show(box, f"{name}.service", "NRestarts", "ActiveState")
+        done = box.sh(f"infer-units status {name}", check=False)
+        assert done.returncode == 3, (done.returncode, done.stdout)
+        assert f"note: {name}: crash loop: " in done.stdout and "217/USER" in done.stdout, \
+            done.stdout
+    finally:
+        box.sh(f"systemctl stop {name}; systemctl reset-failed {name}", check=False)
+        _drop(box, name)

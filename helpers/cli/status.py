@@ -4,6 +4,7 @@ memory and processes, its port, and whether health answers."""
 from __future__ import annotations
 
 import os
+import re
 import time
 from typing import Any
 
@@ -110,13 +111,58 @@ def hooks_last_error(unit: str, invocation: str = "") -> str | None:
     return None
 
 
+def systemd_last_exit(unit: str) -> str | None:
+    """systemd's own line on how the unit's last process ended ("Control
+    process exited, code=exited, status=217/USER"): the last try's real
+    result, whichever step it was (Result= is reset while the unit starts
+    again, ExecMain* say nothing of a start check that failed).  Asked of
+    PID 1's records alone (_PID=1, UNIT=)."""
+    import subprocess
+    try:
+        done = subprocess.run(["journalctl", "--no-pager", "-q", "-o", "cat", "_PID=1",
+                               f"UNIT={unit}", "-b", "-n", "50"],
+                              capture_output=True, text=True, timeout=10, errors="replace")
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    if done.returncode != 0:
+        return None
+    # One list of exits per try ("Starting X..." opens one); the server's own
+    # exit is the story where there is one (wait-ready then exits with its status).
+    tries: list[list[re.Match[str]]] = [[]]
+    for line in done.stdout.splitlines():
+        if line.startswith("Starting "):
+            tries.append([])
+        elif (match := _EXITED.search(line)) is not None:
+            tries[-1].append(match)
+    ended = next((t for t in reversed(tries) if t), None)
+    if ended is None:
+        return None
+    who, code, status, name = next((m for m in ended if m.group(1) == "Main"),
+                                   ended[-1]).groups()
+    step = "main process" if who == "Main" else "a start or stop step (control process)"
+    if code == "exited":
+        number = int(status)
+        meaning = f" ({number}/{_SYSTEMD_STATUSES[number]})" if number in _SYSTEMD_STATUSES else ""
+        return f"{step} exit status {number}{meaning}"
+    return f"{step} {code} (signal {name or status})"
+
+
+# systemd's line, as service.c writes it: "Main process exited, code=exited, status=7/NOTRUNNING"
+_EXITED = re.compile(r"\b(Main|Control) process exited, code=(\w+), status=(\d+)(?:/(\w+))?")
+
+
 def crash_looping(sd: dict[str, Any]) -> bool:
     """Restart= is bringing the unit back after a failure: waiting to restart,
-    or starting again after one.  Never `failed` by design (Restart=always),
-    so `status` counts it as failed for its exit code and says so."""
-    return bool(sd.get("available")) and (
-        sd.get("sub_state") == "auto-restart"
-        or (sd.get("active_state") == "activating" and sd.get("restarts", 0) > 0))
+    starting again after one, or tearing down a failed try on the way back.
+    Never `failed` by design (Restart=always), so `status` counts it as
+    failed for its exit code and says so."""
+    if not sd.get("available"):
+        return False
+    again = sd.get("restarts", 0) > 0
+    return sd.get("sub_state") == "auto-restart" or \
+        (again and sd.get("active_state") == "activating") or \
+        (again and sd.get("active_state") == "deactivating"
+         and sd.get("result") not in (None, "", "success"))
 
 
 _MAIN_CODES = {1: "exited", 2: "killed", 3: "dumped core"}
@@ -161,11 +207,14 @@ def _why(entry: dict[str, Any], fence: dict[str, Any] | None) -> list[str]:
     said = entry.get("last_error")
     # The server's own output (a traceback) is logged at info: -p err would hide it.
     output = f"the server's own output: journalctl -u {unit} -n 50"
+    ended = entry.get("last_exit")
     if crash_looping(sd):
-        why.append(f"crash loop: {sd.get('restarts', 0)} automatic restart(s), {last_try(sd)}; "
+        last = f"last try: {ended}" if ended else last_try(sd)
+        why.append(f"crash loop: {sd.get('restarts', 0)} automatic restart(s), {last}; "
                    + (f"its hooks' last error: {said}; " if said else "") + output)
     elif sd.get("active_state") == "failed":
-        why.append(f"failed ({last_try(sd)})"
+        last = f"last result {sd.get('result') or '?'}" + (f", {ended}" if ended else "")
+        why.append(f"failed ({last if ended else last_try(sd)})"
                    + (f": {said}" if said else f"; {output}"))
     port = entry.get("port_view")
     if port and port["foreign"]:
@@ -261,6 +310,7 @@ def model_status(model: Model, fence: dict[str, Any] | None = None) -> dict[str,
     if sd.get("active_state") == "failed" or crash_looping(sd):
         entry["last_error"] = hooks_last_error(model.unit_name,
                                                sd.get("invocation_id") or "")
+        entry["last_exit"] = systemd_last_exit(model.unit_name)
     entry["why"] = _why(entry, fence)
     return entry
 

@@ -1,7 +1,10 @@
-"""What the operator is told, under real systemd (issue 37 items 2, 4, 5):
-`status` fails for a model file that does not load and suggests a name for a
-typo; a crash loop is named with its restarts and last exit; a start refused
-for a foreign port holder names it and says what exit 2 means."""
+"""What the operator is told, under real systemd: `status` fails for a model
+file that does not load and suggests a name for a typo; a crash loop is
+named with its restarts and its last try's real exit, and exits 3; a refused
+start (llama.cpp's too) ends failed with its reason in the journal and in
+`status`; a foreign port holder is named; a drained host, a unit generated
+from files since changed, models alternating on one GPU, a missing account,
+and resume's progress are each said where the operator looks."""
 
 from __future__ import annotations
 

@@ -340,12 +340,21 @@ def _timeout_start(m: Model, url: str | None) -> str:
     return format_seconds(total)
 
 
-def _kill_signal(m: Model) -> str:
-    if m.engine == "sglang" and m.is_worker:
+# What stops a server that SIGTERM cannot stop: $MAINPID is systemd's, set
+# for ExecStop=; "-": a server already gone is not a failed stop.
+_STOP_BY_SIGKILL = "ExecStop=-" + exec_line(["/bin/sh", "-c", 'kill -s KILL $MAINPID'])
+
+
+def _exec_stop(m: Model) -> str:
+    """ExecStop= for a server a stop must SIGKILL ("" for one that gets
+    SIGTERM).  Never KillSignal=SIGKILL: the stop job a refusing pre-start
+    queues sends KillSignal= to pre-start itself, and a SIGKILL (a success
+    status of these units) would end the refused start inactive, not failed."""
+    if (m.engine == "sglang" and m.is_worker) or ENGINE_SPECS[m.engine].stop_signal == "SIGKILL":
         # SGLang's ranks > 0 ignore SIGTERM (only rank 0 can stop the group)
         # and have nothing to drain.
-        return "SIGKILL"
-    return ENGINE_SPECS[m.engine].stop_signal
+        return _STOP_BY_SIGKILL
+    return ""
 
 
 def _stop_post_timeout(m: Model) -> float:
@@ -478,7 +487,7 @@ def render(m: Model) -> RenderedUnit:
         "exec_start_post": "\n".join(post),
         "exec_stop_post": stop_post,
         "timeout_start": _timeout_start(m, url),
-        "kill_signal": _kill_signal(m),
+        "exec_stop": _exec_stop(m),
         "restart": _restart_lines(m),
         "timeout_stop": format_seconds(m.stop_timeout + STOP_MARGIN_S),
         "service_directives": "\n".join(_directives(_service_directives(m))),

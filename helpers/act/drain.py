@@ -13,6 +13,7 @@ stopped or signalled, and reports it in the same shape (`--json`)."""
 from __future__ import annotations
 
 import sys
+import time
 from typing import Any
 
 from ...generator.errors import one_line
@@ -215,6 +216,51 @@ def drain(timeout: float, term_grace: float, ignore: tuple[str, ...],
     return done(code)
 
 
+class _Progress:
+    """resume's lines while it waits: one per unit as it becomes active or
+    fails, one when a unit is crash-looping (it may loop until the timeout),
+    and a line on what is still starting every PERIOD seconds."""
+
+    PERIOD = 60.0
+
+    def __init__(self, units: list[str], wait: float | None) -> None:
+        self.units, self.wait = units, wait
+        self.said: dict[str, str] = {}
+        self.started = self.last_line = time.monotonic()
+        self.states: dict[str, str] = {}
+
+    def __call__(self, state: Any) -> None:
+        unit = state.name
+        self.states[unit] = f"{state.active_state}/{state.sub_state}"
+        name = unit.removesuffix(".service")
+        if state.active_state in ("active", "failed"):
+            key = state.active_state
+        elif state.restarts > 0 and state.active_state == "activating":
+            key = "looping"
+        else:
+            key = ""
+        if key and self.said.get(unit) != key:
+            self.said[unit] = key
+            done = sum(1 for k in self.said.values() if k == "active")
+            progress = f"({done} of {len(self.units)} active)"
+            if key == "active":
+                _log(f"{unit} active {progress}")
+            elif key == "failed":
+                _log(f"{unit} failed {progress}: `infer-units status {name}` says why")
+            else:
+                _log(f"{unit} is crash-looping ({state.restarts} automatic restart(s)) "
+                     f"{progress}: `infer-units status {name}`; waiting for it")
+        now = time.monotonic()
+        if now - self.last_line >= self.PERIOD:
+            self.last_line = now
+            waiting = [f"{u} ({s})" for u, s in self.states.items()
+                       if not s.startswith(("active/", "failed/"))]
+            if waiting:
+                bound = f" of {self.wait:.0f}s" if self.wait else ""
+                _log(f"still waiting after {now - self.started:.0f}s{bound} for "
+                     + ", ".join(waiting))
+
+
 def resume(wait: float | None) -> tuple[int, dict[str, Any]]:
     """Lift the fence, then start exactly the units drain stopped (0 when
     all are active; 3 when one failed or is still starting after `wait`)."""
@@ -249,7 +295,7 @@ def resume(wait: float | None) -> tuple[int, dict[str, Any]]:
         report["exit"] = exitcodes.CLEAN
         return exitcodes.CLEAN, report
     try:
-        states = start_units(units, wait)
+        states = start_units(units, wait, _Progress(units, wait))
     except SystemdUnavailable as e:
         _log(f"cannot start {', '.join(units)}: {e}")
         report["exit"] = exitcodes.CONFIG_ERROR

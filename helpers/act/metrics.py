@@ -76,8 +76,23 @@ def _update(unit: str | None, change: dict[str, Any], add: dict[str, float]) -> 
 
 def record_reap(unit: str | None, result: Any) -> None:
     killed = {a.pid for a in result.actions}
-    _update(unit, {"last_reap_seconds": result.seconds, "last_reap_exit": result.exit_code},
+    _update(unit, {"last_reap_seconds": result.seconds, "last_reap_exit": result.exit_code,
+                   "refused": 0},
             {"reaps_total": 1, "processes_killed_total": len(killed)})
+
+
+def record_refused(unit: str | None) -> None:
+    """A start pre-start refused (no automatic restart follows): from the
+    first refusal on the model has a series, so an alert on a failed model
+    fires for one that never reached its first reap (refused at boot)."""
+    _update(unit, {"refused": 1}, {"starts_refused_total": 1})
+
+
+def record_checks_passed(unit: str | None) -> None:
+    """A start passed pre-start's checks: it is no longer refused.  Written
+    only where the last start was (a reap writes it on every start anyway)."""
+    if unit and load_state(unit).get("refused") == 1:
+        _update(unit, {"refused": 0}, {})
 
 
 def record_free(unit: str | None, result: Any) -> None:
@@ -97,6 +112,9 @@ def record_liveness(unit: str | None, state: dict[str, Any], restarted: bool) ->
 
 
 _METRICS = (
+    ("refused", "gauge", "1 if the model's last start was refused by its start checks "
+                         "(no automatic restart), 0 once a start passes them."),
+    ("starts_refused_total", "counter", "Starts refused by the start checks."),
     ("reaps_total", "counter", "Reaps run by the start hook."),
     ("processes_killed_total", "counter", "Processes signalled by the reaper."),
     ("last_reap_seconds", "gauge", "Seconds the last reap took until the GPUs were free."),
@@ -166,18 +184,30 @@ def _gpu_health_lines() -> list[str]:
     return lines
 
 
+def _models() -> set[str]:
+    """The units of the model files on the search path now: the series of a
+    model whose file is gone are not written (its state stays, should the
+    file come back)."""
+    from ...generator.loader import discover
+    return {f"{name}.service" for name in discover()[0]}
+
+
 def render_textfile() -> str:
     try:
         names = sorted(n for n in os.listdir(STATE_DIR) if n.endswith(".json"))
     except OSError:
         names = []
-    states = [(n[:-5], load_state(n[:-5])) for n in names]
+    models = _models()
+    states = [(n[:-5], load_state(n[:-5])) for n in names if n[:-5] in models]
     lines = []
     for key, kind, help_text in _METRICS:
         lines.append(f"# HELP infer_units_{key} {help_text}")
         lines.append(f"# TYPE infer_units_{key} {kind}")
         for unit, state in states:
-            if isinstance(state.get(key), (int, float)):
+            if key == "refused":            # every model known here: alerts join on it
+                lines.append(f'infer_units_refused{{unit="{unit}"}} '
+                             f'{1 if state.get(key) == 1 else 0}')
+            elif isinstance(state.get(key), (int, float)):
                 lines.append(f'infer_units_{key}{{unit="{unit}"}} {float(state[key]):g}')
     lines += _gpu_health_lines()
     return "\n".join(lines) + "\n"

@@ -369,7 +369,7 @@ def collect(names: list[str], root: str | None = None, do_import: bool = False) 
         from .status import unknown_names
         loaded = load_all(names)
         report["unknown"] = unknown_names(names, loaded)
-        for problem in loaded.errors + loaded.conflicts:
+        for problem in loaded.errors:
             report["errors"].append(str(problem))
         for model in loaded.models:
             try:
@@ -382,8 +382,16 @@ def collect(names: list[str], root: str | None = None, do_import: bool = False) 
             mine = model_findings(model, b, every, health, driver, do_import)
             report["models"].append({"name": model.name, "unit": model.unit_name,
                                      "findings": [f.as_json() for f in mine]})
-        for problem in loaded.errors + loaded.conflicts:
+        for problem in loaded.errors:
             findings.append(_model_finding("model-file", ERROR, str(problem)))
+        # Two models on one GPU or port alternate (both units exist; the second
+        # start is refused while the first holds it): worth knowing, no error.
+        for problem in loaded.conflicts:
+            shared = _model_finding("shared", WARNING, str(problem), "fine for models that "
+                                    "alternate; else give each its own GPUs and port").as_json()
+            for entry in report["models"]:
+                if entry["name"] in (problem.model, problem.other):
+                    entry["findings"].append(shared)
         for entry in report["models"]:
             findings += [Finding(**f) for f in entry["findings"]]
     report["level"] = worst(findings)

@@ -143,8 +143,9 @@ def p2p_check(selector: str, env_file: str | None, python: str, timeout: float,
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def status(names: tuple[str, ...], as_json: bool) -> None:
     """systemd state, GPUs, memory and health of every model (or NAMES), and
-    why: a drained host, a crash loop, a foreign process on a model's port.
-    Exit 0 when none has failed; 3 when one has (like `systemctl status`);
+    why: a drained host, a refused or failed start and its reason, a crash
+    loop, a foreign process on a model's port.  Exit 0 when none has failed;
+    3 when one has failed or is crash-looping (like `systemctl status`);
     1 for an unknown name, a model file that does not load, or when systemd
     cannot be asked."""
     from .status import collect, exit_code, table

@@ -87,14 +87,17 @@ def check(names: tuple[str, ...], as_json: bool, verify: bool) -> None:
     """Validate model files: NAMES on the search path, or PATHS anywhere.
 
     Also GPU and port overlaps between models, GPUs this host does not have
-    (when its GPUs can be listed), model paths missing on this host
-    (warnings), and what systemd-analyze verify says of the units they would
+    (when its GPUs can be listed), model paths and `user` accounts missing
+    on this host (warnings), and what systemd-analyze verify says of the units they would
     get (warnings); exit 1 on any error."""
     from ...generator.build import load_all, render_checked
     from ...generator.errors import ConfigError
 
     loaded = load_all(list(names))
-    problems: list[Any] = [*loaded.errors, *loaded.missing_errors(), *loaded.conflicts]
+    given = {os.path.abspath(n) for n in names}
+    checked = {m.name: m for m in loaded.models if m.main_path in given}
+    problems: list[Any] = [*loaded.errors, *loaded.missing_errors(),
+                           *[_from_checked_side(c, checked) for c in loaded.conflicts]]
     passed: list[dict[str, str]] = []
     warnings: list[str] = []
     rendered = []
@@ -134,6 +137,20 @@ def check(names: tuple[str, ...], as_json: bool, verify: bool) -> None:
     sys.exit(code)
 
 
+def _from_checked_side(clash: Any, checked: dict[str, Any]) -> Any:
+    """A clash is reported against the later model's file; for a file
+    checked by its path beside the installed models (`check PATH`, before it
+    is installed), it is said against that file, naming the installed one."""
+    if clash.other not in checked or clash.model in checked:
+        return clash
+    from ...generator.errors import ConfigError
+    mine = checked[clash.other]
+    what = clash.reason.rsplit(f" by {clash.other} (", 1)[0]
+    error = ConfigError(mine.main_path, clash.key, f"{what} by {clash.model} ({clash.path})")
+    error.model, error.other = mine.name, clash.model
+    return error
+
+
 def _host_gpus() -> list[Any] | None:
     """This host's GPUs, or None when no GPU backend answers (a build host)."""
     from ..facts.gpus import GpuError, backend
@@ -164,10 +181,30 @@ def _host_warnings(model: Any) -> list[str]:
     """A model path that is missing here: pre-start will refuse the start
     (a hub id is the engine's to fetch)."""
     from ...generator.render import model_path
+    warnings = []
     path = model_path(model)
     if path is not None and not os.path.exists(path):
-        return [f"{model.main_path}: model: {path} does not exist on this host"]
-    return []
+        warnings.append(f"{model.main_path}: model: {path} does not exist on this host")
+    if model.user and not _account_exists(model.user):
+        # systemd cannot start the server as an account it cannot find: the
+        # unit then fails with 217/USER at every try, in a crash loop.
+        warnings.append(f"{model.main_path}: user: {model.user} does not exist on this host "
+                        "(the server would fail to start, status=217/USER); create it: "
+                        f"useradd --system --user-group --no-create-home --shell "
+                        f"/usr/sbin/nologin {model.user}")
+    return warnings
+
+
+def _account_exists(user: str) -> bool:
+    """As systemd resolves User=: a name, or a numeric uid (valid as such)."""
+    import pwd
+    try:
+        if user.isdigit():
+            return True     # systemd runs a numeric uid with or without a passwd entry
+        pwd.getpwnam(user)
+        return True
+    except KeyError:
+        return False
 
 
 def _models_named(problem: Any) -> set[str]:

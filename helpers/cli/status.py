@@ -3,10 +3,13 @@ memory and processes, its port, and whether health answers."""
 
 from __future__ import annotations
 
+import os
+import re
 import time
 from typing import Any
 
 from ...generator.build import load_all
+from ...generator.errors import one_line
 from ...generator.model import Model
 from ...generator.render import health_url
 from ..decide.attribution import attribute
@@ -80,50 +83,190 @@ def _port_view(model: Model, unit_active: bool) -> dict[str, Any] | None:
     return {"foreign": foreign, "out_of_sight": False}
 
 
-def hooks_last_error(unit: str) -> str | None:
-    """The last error line the unit's hooks wrote to the journal (each
-    failing hook's closing line says what its exit code means); None where
-    the journal cannot be read."""
+HOOK_PREFIX = "infer-units: "      # generator/log.py say(): every hook line starts so
+
+
+def hooks_last_error(unit: str, invocation: str = "") -> str | None:
+    """The last error line the unit's own hooks wrote (each failing hook's
+    closing line says what its exit code means; a refused start's line says
+    why), for its latest run (`invocation`), else its last since boot; None
+    where there is none or the journal cannot be read.  Asked by the fields
+    journald itself sets (_SYSTEMD_UNIT, _SYSTEMD_INVOCATION_ID): the units
+    log under the model's name (SyslogIdentifier=), not under infer-units."""
+    import subprocess
+    runs = ([f"_SYSTEMD_INVOCATION_ID={invocation}"] if invocation else []) + ["-b"]
+    for run in runs:
+        try:
+            done = subprocess.run(["journalctl", "--no-pager", "-q", "-o", "cat",
+                                   f"_SYSTEMD_UNIT={unit}", run, "-p", "err", "-n", "200"],
+                                  capture_output=True, text=True, timeout=10, errors="replace")
+        except (OSError, subprocess.TimeoutExpired):
+            return None
+        if done.returncode != 0:
+            return None
+        said = [ln for ln in done.stdout.splitlines() if ln.startswith(HOOK_PREFIX)]
+        if said:
+            # What the hook printed is escaped here, where it is read.
+            return one_line(" ".join(said[-1][len(HOOK_PREFIX):].split()))[:400]
+    return None
+
+
+def systemd_last_exit(unit: str) -> str | None:
+    """systemd's own line on how the unit's last process ended ("Control
+    process exited, code=exited, status=217/USER"): the last try's real
+    result, whichever step it was (Result= is reset while the unit starts
+    again, ExecMain* say nothing of a start check that failed).  Asked of
+    PID 1's records alone (_PID=1, UNIT=)."""
     import subprocess
     try:
-        done = subprocess.run(["journalctl", "--no-pager", "-q", "-o", "cat", "-u", unit,
-                               "-t", "infer-units", "-p", "err", "-n", "1"],
+        done = subprocess.run(["journalctl", "--no-pager", "-q", "-o", "cat", "_PID=1",
+                               f"UNIT={unit}", "-b", "-n", "50"],
                               capture_output=True, text=True, timeout=10, errors="replace")
     except (OSError, subprocess.TimeoutExpired):
         return None
-    lines = done.stdout.strip().splitlines()
-    return " ".join(lines[-1].split())[:300] if done.returncode == 0 and lines else None
+    if done.returncode != 0:
+        return None
+    # One list of exits per try ("Starting X..." opens one); the server's own
+    # exit is the story where there is one (wait-ready then exits with its status).
+    tries: list[list[re.Match[str]]] = [[]]
+    for line in done.stdout.splitlines():
+        if line.startswith("Starting "):
+            tries.append([])
+        elif (match := _EXITED.search(line)) is not None:
+            tries[-1].append(match)
+    ended = next((t for t in reversed(tries) if t), None)
+    if ended is None:
+        return None
+    who, code, status, name = next((m for m in ended if m.group(1) == "Main"),
+                                   ended[-1]).groups()
+    step = "main process" if who == "Main" else "a start or stop step (control process)"
+    if code == "exited":
+        number = int(status)
+        meaning = f" ({number}/{_SYSTEMD_STATUSES[number]})" if number in _SYSTEMD_STATUSES else ""
+        return f"{step} exit status {number}{meaning}"
+    return f"{step} {code} (signal {name or status})"
+
+
+# systemd's line, as service.c writes it: "Main process exited, code=exited, status=7/NOTRUNNING"
+_EXITED = re.compile(r"\b(Main|Control) process exited, code=(\w+), status=(\d+)(?:/(\w+))?")
+
+
+def crash_looping(sd: dict[str, Any]) -> bool:
+    """Restart= is bringing the unit back after a failure: waiting to restart,
+    starting again after one, or tearing down a failed try on the way back.
+    Never `failed` by design (Restart=always), so `status` counts it as
+    failed for its exit code and says so."""
+    if not sd.get("available"):
+        return False
+    again = sd.get("restarts", 0) > 0
+    return sd.get("sub_state") == "auto-restart" or \
+        (again and sd.get("active_state") == "activating") or \
+        (again and sd.get("active_state") == "deactivating"
+         and sd.get("result") not in (None, "", "success"))
+
+
+_MAIN_CODES = {1: "exited", 2: "killed", 3: "dumped core"}
+# systemd's own exit statuses for a process it could not start as written
+# (systemd.exec(5) "Process Exit Codes"): the server never ran.
+_SYSTEMD_STATUSES = {200: "CHDIR: its working directory is missing",
+                     203: "EXEC: the program could not be executed",
+                     217: "USER: the account `user` names does not exist on this host"}
+
+
+def last_try(sd: dict[str, Any]) -> str:
+    """How the last try ended.  While it starts again systemd has reset Result=
+    to success for the new try: then the main process' last exit says it."""
+    code, status = sd.get("exec_main_code") or 0, sd.get("exec_main_status") or 0
+    main = ""
+    if code == 1:
+        main = f"main process exit status {status}"
+        if status in _SYSTEMD_STATUSES:
+            main += f" ({status}/{_SYSTEMD_STATUSES[status]})"
+    elif code in _MAIN_CODES:
+        main = f"main process {_MAIN_CODES[code]} (signal {status})"
+    result = sd.get("result") or "?"
+    if sd.get("sub_state") == "auto-restart" or sd.get("active_state") == "failed":
+        return f"last result {result}" + (f", {main}" if main and result != "success" else "")
+    return f"last try: {main}" if main else "last try: failed before its server started"
 
 
 def _why(entry: dict[str, Any], fence: dict[str, Any] | None) -> list[str]:
     """What the state alone does not say: a drained host, a crash loop and
-    its last exit, a foreign process on the model's port."""
+    its last exit, a refused or failed start and why, a foreign process on
+    the model's port."""
     why: list[str] = []
     sd = entry["systemd"]
+    unit = entry["unit"]
     active = sd.get("active_state") == "active"
     if fence is not None and not active:
         since = f" since {fence['since_text']}" if fence.get("since_text") else ""
         why.append(f"drained by `infer-units drain`{since}: starts are refused until "
                    "`infer-units resume`")
-    if sd.get("available") and (sd.get("sub_state") == "auto-restart"
-                                or (sd.get("active_state") == "activating"
-                                    and sd.get("restarts", 0) > 0)):
-        status = sd.get("exec_main_status") or 0
-        last = f"last result {sd.get('result') or '?'}"
-        if status:
-            last += f", main process exit status {status}"
-        said = entry.get("last_error")
+    if entry.get("stale"):
+        why.append(entry["stale"])
+    said = entry.get("last_error")
+    # The server's own output (a traceback) is logged at info: -p err would hide it.
+    output = f"the server's own output: journalctl -u {unit} -n 50"
+    ended = entry.get("last_exit")
+    if crash_looping(sd):
+        last = f"last try: {ended}" if ended else last_try(sd)
         why.append(f"crash loop: {sd.get('restarts', 0)} automatic restart(s), {last}; "
-                   + (f"its hooks' last error: {said}" if said else
-                      f"the failing step's reason: journalctl -u {entry['unit']} -p err"))
-    elif sd.get("active_state") == "failed" and entry.get("last_error"):
-        why.append(f"failed; its hooks' last error: {entry['last_error']}")
+                   + (f"its hooks' last error: {said}; " if said else "") + output)
+    elif sd.get("active_state") == "failed":
+        last = f"last result {sd.get('result') or '?'}" + (f", {ended}" if ended else "")
+        why.append(f"failed ({last if ended else last_try(sd)})"
+                   + (f": {said}" if said else f"; {output}"))
     port = entry.get("port_view")
     if port and port["foreign"]:
         who = "; ".join(f"pid {p['pid']} ({p['comm']}, user {p['user']}, {p['where']}, "
                         f"{p['how']})" for p in port["foreign"])
-        why.append(f"port {entry['port']} is held by a process not of {entry['unit']}: {who}")
+        why.append(f"port {entry['port']} is held by a process not of {unit}: {who}")
     return why
+
+
+GENERATED = b"# Automatically generated by infer-units-generator"
+RELOAD = "run systemctl daemon-reload"
+
+
+def stale(model: Model, unit_file: str, need_reload: bool, loaded: str = "") -> str | None:
+    """Whether the unit systemd runs was generated from other files than the
+    model's now: systemd itself notices only the main file (SourcePath=), not
+    a drop-in or a host default changed, added or removed since.  The
+    generated unit's mtime is when the generator wrote it (at the last
+    daemon-reload); its header names the files it applied.  `loaded`:
+    systemd's LoadState= of the unit."""
+    if need_reload:
+        return f"stale: the unit's files changed since systemd loaded it; {RELOAD}"
+    if not unit_file:
+        if loaded == "not-found":
+            return (f"no unit yet: {one_line(model.main_path)} was added since the units were "
+                    f"generated; {RELOAD}")
+        return None
+    try:
+        with open(unit_file, "rb") as f:
+            generated = os.fstat(f.fileno()).st_mtime_ns
+            head = f.read(8192)
+    except OSError:
+        return None
+    if not head.startswith(GENERATED):
+        return None             # not the generator's unit (e.g. one in /etc/systemd/system)
+    lines = head.decode("utf-8", "replace").splitlines()
+    recorded = next((ln[len("# from "):] for ln in lines[:3] if ln.startswith("# from ")), None)
+    now = " ".join(model.sources)
+    compared = recorded is not None and now.isprintable() and recorded != now
+    added = [source for source in model.sources if compared and source not in (recorded or "")]
+    if added:
+        return f"stale: {one_line(added[0])} was added since the unit was generated; {RELOAD}"
+    for source in model.sources:
+        try:
+            if os.stat(source).st_mtime_ns > generated:
+                return f"stale: {one_line(source)} changed since the unit was generated; {RELOAD}"
+        except OSError:
+            continue
+    if compared:
+        return (f"stale: a file applied when the unit was generated is gone (it applied "
+                f"{one_line(recorded or '')}); {RELOAD}")
+    return None
 
 
 def model_status(model: Model, fence: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -133,10 +276,14 @@ def model_status(model: Model, fence: dict[str, Any] | None = None) -> dict[str,
     try:
         state = unit_state(model.unit_name)
         entry["systemd"] = {"available": True, **state.as_json(),
-                            "exec_main_status": state.exec_main_status}
+                            "exec_main_status": state.exec_main_status,
+                            "exec_main_code": state.exec_main_code,
+                            "invocation_id": state.invocation_id}
         entry["since_s"] = (round(time.time() - state.active_since_us / 1e6, 1)
                             if state.active_since_us and state.active_state == "active" else None)
         entry["main_rss_mib"] = _rss_mib(state.main_pid)
+        entry["stale"] = stale(model, state.fragment_path, state.need_daemon_reload,
+                               state.load_state)
     except SystemdUnavailable as e:
         entry["systemd"] = {"available": False, "error": str(e)}
     entry["gpu"] = _gpu_view(model)
@@ -154,11 +301,16 @@ def model_status(model: Model, fence: dict[str, Any] | None = None) -> dict[str,
     entry["metrics"] = load_state(model.unit_name)
     if model.nodes is not None:
         entry["nodes"] = _nodes_view(model, entry)
-    entry["liveness"] = liveness_view(model)
+    entry["liveness"] = live = liveness_view(model)
+    since = entry["systemd"].get("active_since")
+    if live and live["last_probe"] and since and live["last_probe"].get("time", 0) < since:
+        # A probe of the server before the last (re)start says nothing of this one.
+        live["last_probe"], live["last_probe_age_s"] = None, None
     sd = entry["systemd"]
-    if sd.get("active_state") == "failed" or sd.get("sub_state") == "auto-restart" or \
-            (sd.get("active_state") == "activating" and sd.get("restarts", 0) > 0):
-        entry["last_error"] = hooks_last_error(model.unit_name)
+    if sd.get("active_state") == "failed" or crash_looping(sd):
+        entry["last_error"] = hooks_last_error(model.unit_name,
+                                               sd.get("invocation_id") or "")
+        entry["last_exit"] = systemd_last_exit(model.unit_name)
     entry["why"] = _why(entry, fence)
     return entry
 
@@ -205,7 +357,11 @@ def collect(names: list[str]) -> dict[str, Any]:
     fence = _fence()
     return {"schema": SCHEMA_VERSION,
             "models": [model_status(m, fence) for m in loaded.models],
-            "errors": [str(e) for e in loaded.errors + loaded.conflicts],
+            "errors": [str(e) for e in loaded.errors],
+            # Two models on one GPU or port: both units exist and alternate
+            # (the second start is refused while the first holds it), as the
+            # generator has them; `check` is where it is an error.
+            "shared": [str(e) for e in loaded.conflicts],
             "unknown": unknown,
             "suggestions": suggestions(unknown),
             "fence": fence}
@@ -290,6 +446,8 @@ def table(report: dict[str, Any]) -> str:
                      "until `infer-units resume`" + (f"; {fence['error']}" if "error" in fence
                                                      else ""))
     lines += [f"error: {e}" for e in report["errors"]] + [f"note: {n}" for n in notes]
+    lines += [f"note: {e}: the two alternate (a start is refused while the other holds it)"
+              for e in report.get("shared", [])]
     return "\n".join(lines)
 
 
@@ -299,7 +457,9 @@ def table(report: dict[str, Any]) -> str:
 #      be asked about some model: like
 #      systemctl without a running systemd ("System has not been booted with
 #      systemd", exit 1); the report cannot say whether models run.
-#   3  a model is failed: `systemctl status` exits 3 for a unit that is not
+#   3  a model is failed, or crash-looping (Restart= bringing it back after a
+#      failure: never `failed` by design, but not serving either):
+#      `systemctl status` exits 3 for a unit that is not
 #      running (LSB), so scripts and monitoring read it the same way.  The
 #      number is also the hooks' "timed out with holders left" (helpers/exitcodes.py); status never
 #      reaps, so the two cannot meet in one command.
@@ -313,6 +473,7 @@ def exit_code(report: dict[str, Any]) -> int:
     if report["unknown"] or report["errors"] or \
             any(not m["systemd"]["available"] for m in models):
         return CONFIG_ERROR
-    if any(m["systemd"].get("active_state") == "failed" for m in models):
+    if any(m["systemd"].get("active_state") == "failed" or crash_looping(m["systemd"])
+           for m in models):
         return FAILED
     return CLEAN

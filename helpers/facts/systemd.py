@@ -19,6 +19,7 @@ import os
 import threading
 import time
 from dataclasses import dataclass
+from collections.abc import Callable
 from typing import Any
 
 DESTINATION = b"org.freedesktop.systemd1"
@@ -130,6 +131,10 @@ class UnitState:
     restarts: int
     exec_main_status: int
     source_path: str
+    exec_main_code: int = 0         # the last main process: 1 exited, 2 killed, 3 dumped core
+    invocation_id: str = ""         # the current (or last) run's, as journald records it
+    fragment_path: str = ""         # the unit file systemd loaded (the generator's output)
+    need_daemon_reload: bool = False
 
     def as_json(self) -> dict[str, Any]:
         return {"name": self.name, "load_state": self.load_state,
@@ -152,7 +157,11 @@ def unit_state(name: str) -> UnitState:
         active_since_us=int(unit("ActiveEnterTimestamp", "t")),
         restarts=int(service("NRestarts", "u")),
         exec_main_status=int(service("ExecMainStatus", "i")),
-        source_path=_s(unit("SourcePath")))
+        source_path=_s(unit("SourcePath")),
+        exec_main_code=int(service("ExecMainCode", "i")),
+        invocation_id=bytes(unit("InvocationID", "ay")).hex(),
+        fragment_path=_s(unit("FragmentPath")),
+        need_daemon_reload=bool(unit("NeedDaemonReload", "b")))
 
 
 def slice_path(slice_name: str) -> str:
@@ -263,10 +272,12 @@ def reset_failed(name: str) -> None:
 
 # ------------------------------------------------------------------ jobs
 
-def start_units(names: list[str], timeout: float | None) -> dict[str, str]:
+def start_units(names: list[str], timeout: float | None,
+                watch: Callable[[UnitState], None] | None = None) -> dict[str, str]:
     """Queue a start job for each unit, then wait (up to `timeout`; None: not
     at all) until each is active or failed.  Returns unit -> ActiveState, or
-    "not started: why" for a unit systemd refused to queue."""
+    "not started: why" for a unit systemd refused to queue.  `watch` sees
+    each unit's state at every look while it waits (to say progress)."""
     refused: dict[str, str] = {}
     for name in names:
         try:
@@ -276,7 +287,11 @@ def start_units(names: list[str], timeout: float | None) -> dict[str, str]:
     queued = [n for n in names if n not in refused]
     deadline = time.monotonic() + (timeout or 0.0)
     while True:
-        states = {n: unit_state(n).active_state for n in queued}
+        seen = [unit_state(n) for n in queued]
+        if watch is not None and timeout is not None:
+            for state in seen:
+                watch(state)
+        states = {u.name: u.active_state for u in seen}
         # "inactive" with its start job still queued has not begun yet
         settled = all(s in ("active", "failed") or (s == "inactive" and not pending_job_type(n))
                       for n, s in states.items())

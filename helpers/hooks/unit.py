@@ -84,7 +84,9 @@ def _refuse_without_restart(unit: str | None,
     `settle`: waits for pre-start's start-limit question, first: SIGTERM is
     ignored below, process-wide, and a systemctl its thread ran would
     inherit that and outlive the stop's SIGTERM."""
+    from ..act.metrics import record_refused
     from ..facts.procinfo import read_cgroup, unit_of_cgroup
+    record_refused(unit)
     if not unit or unit_of_cgroup(read_cgroup(os.getpid())) != unit:
         return      # run by hand, not as the unit's ExecStartPre: no start job to cancel
     if settle is not None:
@@ -99,8 +101,13 @@ def _refuse_without_restart(unit: str | None,
     # at once after the cancel.
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     reason = _Last.error        # the closing line names why, not this consequence
-    _say(f"start of {unit} refused; no automatic restart (systemctl start it again "
-         "once what blocked it is gone)", ERR)
+    # systemctl says only "Job for X canceled." (our stop job replaced its
+    # start job): this line names the reason and where the operator looks.
+    name = unit.removesuffix(".service")
+    why = reason.removeprefix(f"start of {unit} refused: ") or "see above"
+    _say(f"start of {unit} refused; no automatic restart: {why} "
+         f"(`infer-units status {name}` says why; `systemctl start {unit}` again once "
+         "that is fixed)", ERR)
     _Last.error = reason
     why_not = cancel_own_start(unit)
     if why_not is not None:
@@ -341,6 +348,8 @@ def _pre_start(a: argparse.Namespace, unit: str, started: float,
         if claims is not None:
             claims.release()      # a failed start holds no GPU
         return code
+    from ..act.metrics import record_checks_passed
+    record_checks_passed(unit)
     _say(f"start checks passed in {(time.monotonic() - started) * 1000:.0f} ms")
     return exitcodes.CLEAN
 

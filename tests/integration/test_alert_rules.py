@@ -36,13 +36,24 @@ Series = dict[str, list[dict[str, str]]]
 def written_textfile(gpus: FakeGpus, holders: Any, tmp_path: Path) -> str:
     """What the code writes for INFER_UNITS_METRICS_DIR after a reap that kills a
     foreign holder (m.service), a start refused for an XID on GPU 1 that also
-    has a warning, persistence off (sick.service), and a liveness restart of
-    m.service that hit the cap."""
+    has a warning, persistence off (sick.service), a liveness restart of
+    m.service that hit the cap, a start refused before any reap (boot.service,
+    its model path missing), and a model reaped once whose file is gone."""
     holders([gpus.devices[0]])
     metrics = tmp_path / "textfile"
     metrics.mkdir()
+    models = tmp_path / "models"
+    models.mkdir()
+    for name in ("m", "sick", "boot", "gone"):
+        (models / f"{name}.toml").write_text('engine = "command"\ncommand = ["/bin/true"]\n')
     env = gpus.env(INFER_UNITS_STATE_DIR=str(tmp_path / "state"),
-                   INFER_UNITS_METRICS_DIR=str(metrics))
+                   INFER_UNITS_METRICS_DIR=str(metrics), INFER_UNITS_CONFIG_PATH=str(models))
+    # Refused before its first reap, as at boot: its model path is not there.
+    run_cli("pre-start", "--unit", "boot.service", "--model-path", str(tmp_path / "absent"),
+            env=env, check=1)
+    # A model whose file is then deleted: its series go with it.
+    run_cli("reap", "--gpus", "0", "--unit", "gone.service", env=env, check=0)
+    (models / "gone.toml").unlink()
     run_cli("reap", "--gpus", "0", "--unit", "m.service", "--term-grace", "2s", env=env, check=0)
     table = json.loads(gpus.table.read_text())
     table["gpus"][1]["health"] = {"xid": [79], "persistence": False}     # an error, a warning
@@ -114,6 +125,14 @@ def promtool_cases(found: Series, values: dict[str, str]) -> list[dict[str, Any]
         assert len(matching) == 1, (name, want, found.get(name))
         return matching[0]
 
+    assert "gone.service" not in {labels.get("unit") for series in found.values()
+                                  for labels in series}, found
+    boot = one("infer_units_refused", unit="boot.service")
+    assert values[series_text("infer_units_refused", boot)] == "1", values
+    assert "infer_units_reaps_total" not in {n for n, ls in found.items()
+                                             if any(x.get("unit") == "boot.service" for x in ls)}
+    m_refused = one("infer_units_refused", unit="m.service")
+    assert values[series_text("infer_units_refused", m_refused)] == "0", values
     m_reaps = one("infer_units_reaps_total", unit="m.service")
     killed = one("infer_units_processes_killed_total", unit="m.service")
     failures = one("infer_units_liveness_consecutive_failures", unit="m.service")
@@ -131,7 +150,7 @@ def promtool_cases(found: Series, values: dict[str, str]) -> list[dict[str, Any]
     return [
         {"name": "a failed model is down; a failed unit that is not a model is not",
          "interval": "1m",
-         "input_series": [scraped("infer_units_reaps_total", m_reaps, "1x20"),
+         "input_series": [scraped("infer_units_refused", m_refused, "0x20"),
                           unit_state("m.service", "failed", "0x4 1x15"),
                           unit_state("ssh.service", "failed", "1x20")],
          "alert_rule_test": [
@@ -140,9 +159,18 @@ def promtool_cases(found: Series, values: dict[str, str]) -> list[dict[str, Any]
               "exp_alerts": [alert("InferUnitsModelDown", {**host, "name": "m.service"},
                                    "critical")]},
              {"eval_time": "10m", "alertname": "InferUnitsCrashLoop", "exp_alerts": none}]},
+        {"name": "a model refused at boot, before its first reap, is down",
+         "interval": "1m",
+         "input_series": [scraped("infer_units_refused", boot, "1x20"),
+                          unit_state("boot.service", "failed", "1x20")],
+         "alert_rule_test": [
+             {"eval_time": "1m", "alertname": "InferUnitsModelDown", "exp_alerts": none},
+             {"eval_time": "5m", "alertname": "InferUnitsModelDown",
+              "exp_alerts": [alert("InferUnitsModelDown", {**host, "name": "boot.service"},
+                                   "critical")]}]},
         {"name": "a model still starting after 30 minutes is not ready",
          "interval": "1m",
-         "input_series": [scraped("infer_units_reaps_total", m_reaps, "1x40"),
+         "input_series": [scraped("infer_units_refused", m_refused, "0x40"),
                           unit_state("m.service", "activating", "1x40")],
          "alert_rule_test": [
              {"eval_time": "20m", "alertname": "InferUnitsModelNotReady", "exp_alerts": none},

@@ -176,8 +176,11 @@ def test_metrics_textfile_written_atomically(fake_gpus: FakeGpus, holders, tmp_p
     holders([fake_gpus.devices[0]])
     metrics = tmp_path / "textfile"
     metrics.mkdir()
+    models = tmp_path / "models"        # the series are written for models that exist
+    models.mkdir()
+    (models / "m.toml").write_text('engine = "command"\ncommand = ["/bin/true"]\n')
     env = fake_gpus.env(INFER_UNITS_STATE_DIR=str(tmp_path / "state"),
-                        INFER_UNITS_METRICS_DIR=str(metrics))
+                        INFER_UNITS_METRICS_DIR=str(metrics), INFER_UNITS_CONFIG_PATH=str(models))
     run_cli("reap", "--gpus", "0", "--unit", "m.service", "--term-grace", "2s", env=env, check=0)
     run_cli("reap", "--gpus", "0", "--unit", "m.service", env=env, check=0)
     text = (metrics / "infer-units.prom").read_text()

@@ -68,3 +68,18 @@ def test_a_missing_model_path_is_a_warning_a_hub_id_is_not(tmp_path: Path) -> No
     assert warnings == [f"warning: {d}/gone.toml: model: {tmp_path / 'nope'} does not exist "
                         "on this host"], done.stderr
     assert done.stdout.count("ok: ") == 3
+
+
+def test_a_user_this_host_does_not_have_is_a_warning_with_the_command_to_create_it(
+        tmp_path: Path) -> None:
+    """systemd would fail the server's start with 217/USER at every try."""
+    d = etc(tmp_path, ghost=MODEL.format(model="org/m", gpus=0, port=18705)
+            + 'user = "no-such-account-here"\n',
+            own=MODEL.format(model="org/m", gpus=1, port=18706) + 'user = "root"\n')
+    done = run_cli("check", "--no-verify", "--json", env=base_env(
+        INFER_UNITS_CONFIG_PATH=str(d), INFER_UNITS_FAKE_GPUS=str(tmp_path / "none.json")))
+    assert done.returncode == 0, done
+    [warning] = json.loads(done.stdout)["warnings"]
+    assert warning.startswith(f"{d}/ghost.toml: user: no-such-account-here does not exist on "
+                              "this host") and "217/USER" in warning \
+        and "useradd --system" in warning, warning

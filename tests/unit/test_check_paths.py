@@ -58,8 +58,10 @@ def test_overlaps_with_installed_models_are_reported(host: Path) -> None:
     new.write_text(MODEL.format(program="/bin/true", gpu=0, port=18600))
     done = run_cli("check", "--no-verify", str(new), env=env(host / "etc"))
     assert done.returncode == 1
-    # reported against the later name (installed), shown since it concerns clash
-    assert "installed.toml: gpus: GPU 0 also used by clash" in done.stderr, done.stderr
+    # said against the file checked, naming the installed one (not blaming it)
+    assert f"error: {new}: gpus: GPU 0 also used by installed ({host}/etc/installed.toml)" \
+        in done.stderr, done.stderr
+    assert "error: " + str(host / "etc" / "installed.toml") not in done.stderr, done.stderr
 
 
 def test_a_new_version_of_an_installed_model_replaces_it(host: Path) -> None:

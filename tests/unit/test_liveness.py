@@ -256,6 +256,10 @@ def journal(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     sock.settimeout(0.05)
     monkeypatch.setenv("INFER_UNITS_JOURNAL_SOCKET", str(path))
     monkeypatch.setattr(metrics, "STATE_DIR", str(tmp_path / "metrics-state"))
+    models = tmp_path / "models"        # the textfile names models that exist
+    models.mkdir()
+    (models / "m.toml").write_text('engine = "command"\ncommand = ["/bin/true"]\n')
+    monkeypatch.setenv("INFER_UNITS_CONFIG_PATH", str(models))
 
     def entries() -> list[dict[str, str]]:
         out = []

@@ -25,6 +25,7 @@ def test_every_fault_ends_serving_or_failed_with_a_reason(box) -> None:
         box.sh("systemctl stop fault-m; rm -f /etc/infer-units/fault-m.toml; "
                "systemctl daemon-reload; systemctl reset-failed fault-m || true", check=False)
     report = f"seed {seed} (INFER_UNITS_FAULT_SEED={seed} reproduces it):\n" + summary(outcomes)
+    print(report)
     wrong = [o for o in outcomes if bad(o)]
     assert not wrong, report + "\n" + "\n".join(map(repr, wrong))
     # A campaign whose faults missed their steps proved nothing.

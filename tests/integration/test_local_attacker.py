@@ -1,4 +1,4 @@
-"""Issue 36, written as the attacker: a local account without root (the
+"""Written as the attacker: a local account without root (the
 `attacker` fixture, setpriv; real processes, the real kernel log) tries to
 block, fake or hang what root's hooks do.  Each test failed on the code
 before the fix of its class (docs/trust.md)."""

@@ -90,6 +90,7 @@ class Outcome:
     leaked: list[str] = field(default_factory=list)
     silent: bool = False    # failed, and status names no reason
     recovered_start: bool = True
+    journal: str = ""       # the unit's last lines, for a bad outcome
 
 
 def install(box) -> None:
@@ -186,6 +187,29 @@ def _stop_races_restart(box, rng: random.Random) -> bool:
     return _during_job(box, rng.uniform(0.0, 0.5), f"systemctl {second} --no-block {UNIT}")
 
 
+def _gpu_table_half_written(box, rng: random.Random) -> bool:
+    """The GPU facts unreadable for a moment of a start (the fake table
+    stands where NVML answers): cut in half, then put back."""
+    table = "/etc/infer-units/fakegpus.json"
+    _ensure_inactive(box)
+    _start_async(box)
+    return _during_job(box, rng.uniform(0.0, 0.5),
+                       f"cp {table} {table}.whole; head -c 40 {table}.whole > {table}.cut; "
+                       f"mv {table}.cut {table}; sleep {rng.uniform(0.1, 1.5):.3f}; "
+                       f"mv {table}.whole {table}")
+
+
+def _run_dir_full(box, rng: random.Random) -> bool:
+    """/run/infer-units full during a start (a small tmpfs over it, filled),
+    then as it was."""
+    _ensure_inactive(box)
+    _start_async(box)
+    return _during_job(box, rng.uniform(0.0, 0.5),
+                       "mount -t tmpfs -o size=64k,mode=0755 none /run/infer-units && "
+                       "(cat /dev/zero > /run/infer-units/filler 2>/dev/null; true) && "
+                       f"sleep {rng.uniform(0.1, 1.5):.3f}; umount -l /run/infer-units")
+
+
 FAULTS: list[tuple[str, bool, Callable[..., bool]]] = [
     ("pre-start SIGKILLed during a start", False, _pre_start_killed),
     ("wait-ready SIGKILLed while the server loads", False, _wait_ready_killed),
@@ -197,6 +221,8 @@ FAULTS: list[tuple[str, bool, Callable[..., bool]]] = [
     ("daemon-reexec during a start", False, _reexec_during_start),
     ("daemon-reload during a stop", True, _reload_during_stop),
     ("stop and restart racing", True, _stop_races_restart),
+    ("GPU facts half-written during a start", False, _gpu_table_half_written),
+    ("/run/infer-units full during a start", False, _run_dir_full),
 ]
 
 
@@ -263,6 +289,9 @@ def run_fault(box, rng: random.Random, index: int | None = None) -> Outcome:
     outcome.recovered_start = started.returncode == 0
     box.sh(f"systemctl stop {UNIT}", check=False, timeout=120)
     outcome.leaked = _leaks(box)
+    if bad(outcome):
+        outcome.journal = box.sh(f"journalctl -u {UNIT} -n 60 -o short-monotonic --no-pager",
+                                 check=False).stdout
     box.sh(f"systemctl reset-failed {UNIT} 2>/dev/null || true", check=False)
     return outcome
 

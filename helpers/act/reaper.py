@@ -19,12 +19,13 @@ from ...generator.errors import one_line
 from .. import exitcodes
 from ..decide.attribution import (ANCESTOR, FOREIGN, IGNORED, OWN, SERVICE, Attribution, Holder,
                           attribute)
-from ..decide.identity import restarting_unit
+from ..decide.claims import CGROUP_ROOTS
+from ..decide.identity import own_cgroup_if, restarting_unit
 from ..facts.gpumemory import describe as describe_unaccounted
 from ..facts.systemd import queue_stop
 from ..facts.gpus import Backend, Gpu, unseen_message
 from .pidwait import PidSet
-from ..facts.procinfo import read_proc, read_stat, wchan
+from ..facts.procinfo import ancestors, read_proc, read_stat, wchan
 from .progress import Progress
 
 # How often to re-ask the backend while it still lists a pid whose pidfd said
@@ -119,6 +120,43 @@ def describe_left(pids: list[int]) -> list[dict[str, object]]:
                     "unit": info.unit if info else None,
                     "cmdline": info.cmdline if info else ""})
     return out
+
+
+def sweep_own_cgroup(unit: str, timeout: float = 10.0) -> list[int]:
+    """SIGKILL whatever else is in this unit's own cgroup when its start
+    begins, and wait until it is gone.  Before ExecStart nothing of the unit
+    runs but this hook, so any other process there outlived the last stop:
+    systemd 252 can fail to kill a cgroup on a hybrid hierarchy ("Failed to
+    kill control group ... Input/output error"), and wait-free, which reaps
+    what it leaves, can itself be killed (then the next start failed with
+    219/CGROUP).  Only as the unit's own root hook (identity.own_cgroup_if);
+    returns the pids signalled."""
+    own = own_cgroup_if(unit)
+    if own is None:
+        return []
+    me = os.getpid()
+    pids: list[int] = []
+    for root in CGROUP_ROOTS:
+        try:
+            with open(f"{root}{own}/cgroup.procs", encoding="ascii") as f:
+                pids = [int(p) for p in f.read().split() if int(p) != me]
+            break
+        except OSError:
+            continue
+    signalled = []
+    with PidSet() as left:
+        for pid in pids:
+            info = read_proc(pid)
+            if info is None or pid in ancestors(me) or not left.add(info):
+                continue
+            _log(f"sending SIGKILL to pid {pid} (user {info.user}, {unit}): {info.cmdline} -- "
+                 f"left in {unit}'s own cgroup by its last stop")
+            if left.signal(pid, signal.SIGKILL):
+                signalled.append(pid)
+        still = left.wait(time.monotonic() + timeout)
+    if still:
+        _log(f"still in {unit}'s cgroup after SIGKILL: pid {', '.join(map(str, still))}")
+    return signalled
 
 
 def reap_own_leftovers(backend: Backend, gpus: list[Gpu], unit: str | None, timeout: float,

@@ -277,8 +277,10 @@ def _stat_as(path: str, account: pwd.struct_passwd | None) -> int:
 
 def _pre_start(a: argparse.Namespace, unit: str, started: float,
                settle: Callable[[], object]) -> int:
-    """pre-start after the fence: health, park (multi-node worker), claim,
-    then the start checks."""
+    """pre-start after the fence: what the last stop left in the unit's own
+    cgroup, health, park (multi-node worker), claim, then the start checks."""
+    from ..act.reaper import sweep_own_cgroup
+    sweep_own_cgroup(unit)
     from ..decide.fence import refusal
     claims = None
     gpus: list[Gpu] = []

@@ -152,3 +152,40 @@ def public() -> Iterator[Path]:
     path.chmod(0o755)
     yield path
     shutil.rmtree(path)
+
+
+CGROUP_V1 = Path("/sys/fs/cgroup/systemd")
+
+
+@pytest.fixture
+def user_cgroup() -> Iterator[Callable[[str], Path]]:
+    """Cgroups under user 65534's user manager (name=systemd, the hierarchy
+    the hooks read on a hybrid host like this one), as its delegated
+    subtree lets that account make them (any name but one with "\\n" or
+    "/"): make(relative path) -> the directory; removed afterwards, their
+    processes moved back to the root cgroup."""
+    if not (CGROUP_V1 / "cgroup.procs").exists() or not os.access(CGROUP_V1, os.W_OK):
+        pytest.skip("cgroup v1 name=systemd not writable here")
+    top = CGROUP_V1 / "user.slice/user-65534.slice/user@65534.service/app.slice"
+    made: list[Path] = []
+
+    def make(relative: str) -> Path:
+        path = top / relative
+        path.mkdir(parents=True, exist_ok=True)
+        made.append(path)
+        return path
+
+    yield make
+    for path in made:
+        for pid in (path / "cgroup.procs").read_text().split():
+            try:
+                (CGROUP_V1 / "cgroup.procs").write_text(pid)
+            except OSError:
+                pass
+    for path in made:
+        while path != top:          # the name's own directories, innermost first
+            try:
+                path.rmdir()
+            except OSError:
+                break
+            path = path.parent

@@ -38,28 +38,6 @@ def _v1_writable() -> None:
         pytest.skip("cgroup v1 name=systemd not writable here")
 
 
-@pytest.fixture
-def user_unit_cgroup():
-    """The cgroup `systemd-run --user --unit=NAME` makes for user 65534."""
-    _v1_writable()
-    made: list[Path] = []
-
-    def make(unit: str) -> Path:
-        path = SYSTEMD_V1 / f"user.slice/user-{NOBODY}.slice/user@{NOBODY}.service/app.slice/{unit}"
-        path.mkdir(parents=True, exist_ok=True)
-        made.append(path)
-        return path
-
-    yield make
-    for path in made:
-        for pid in (path / "cgroup.procs").read_text().split():
-            try:
-                (SYSTEMD_V1 / "cgroup.procs").write_text(pid)
-            except OSError:
-                pass
-        path.rmdir()
-
-
 def _generated(tmp_path: Path, *units: str) -> str:
     generator = tmp_path / "generator"
     generator.mkdir(exist_ok=True)
@@ -78,13 +56,13 @@ def _hog(device: Path, cgroup: Path) -> subprocess.Popen[str]:
 
 
 def test_a_users_unit_named_like_a_model_is_foreign_and_reaped(
-        fake_gpus: FakeGpus, user_unit_cgroup, tmp_path: Path) -> None:
+        fake_gpus: FakeGpus, user_cgroup, tmp_path: Path) -> None:
     """main c93ae87: the hog's innermost cgroup name is modelb's unit, so the
     start of modela was refused (exit 2, "belongs to infer-units service")
     and the hog lived on."""
     modelb = f"modelb-{TAG}.service"
     generator = _generated(tmp_path, modelb, f"modela-{TAG}.service")
-    hog = _hog(fake_gpus.devices[1], user_unit_cgroup(modelb))
+    hog = _hog(fake_gpus.devices[1], user_cgroup(modelb))
     try:
         done = run_cli("reap", "--json", "--gpus", "1", "--unit", f"modela-{TAG}",
                        "--term-grace", "1s", "--timeout", "10s",
@@ -102,11 +80,11 @@ def test_a_users_unit_named_like_a_model_is_foreign_and_reaped(
         hog.wait()
 
 
-def test_holders_calls_the_impostor_foreign(fake_gpus: FakeGpus, user_unit_cgroup,
+def test_holders_calls_the_impostor_foreign(fake_gpus: FakeGpus, user_cgroup,
                                             tmp_path: Path) -> None:
     modelb = f"modelb-{TAG}.service"
     generator = _generated(tmp_path, modelb)
-    hog = _hog(fake_gpus.devices[2], user_unit_cgroup(modelb))
+    hog = _hog(fake_gpus.devices[2], user_cgroup(modelb))
     try:
         done = run_cli("holders", "--json", "--gpus", "2",
                        env=fake_gpus.env(INFER_UNITS_GENERATOR_DIR=generator))

@@ -61,6 +61,9 @@ def canary(name: str, accept: bool, as_json: bool) -> None:
     if not running:
         die(f"canary: {unit} is not active", hint=f"systemctl start {unit}")
     words = lines[0]
+    # The hooks' own settings of the model's [env] (the metrics directory; on
+    # a host marked for tests, the fake GPU table), as its hook has them.
+    os.environ.update(_hook_settings_of(name.removesuffix(".service")))
     try:
         opts = options_of_unit_line(words[words.index("known-answer") + 1:])
     except ValueError as e:
@@ -81,3 +84,19 @@ def canary(name: str, accept: bool, as_json: bool) -> None:
 def _exec_start_post(unit: str) -> list[list[str]]:
     from ..facts.systemd import exec_argvs
     return exec_argvs(unit, "ExecStartPost")
+
+
+def _hook_settings_of(name: str) -> dict[str, str]:
+    """The INFER_UNITS_* settings of the model's [env] that a hook honours
+    (helpers/hookenv.py); none when its file does not load."""
+    from ...generator.loader import discover, load_model, search_path
+    from ...generator.model import build_model
+    from ..hookenv import hook_settings
+    dirs = search_path()
+    path = discover(dirs)[0].get(name)
+    if path is None:
+        return {}
+    try:
+        return hook_settings(build_model(load_model(name, path, dirs)).env)
+    except Exception:  # noqa: BLE001 - the check goes on with the host's own settings
+        return {}

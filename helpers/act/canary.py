@@ -23,6 +23,7 @@ the weights are stat()ed (lstat below the model's path, no link followed).
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import stat
@@ -240,7 +241,7 @@ def _stamp(st: os.stat_result) -> list[int]:
     return [st.st_size, st.st_mtime_ns]
 
 
-def weights(model: str | None) -> Any:
+def weights(model: str | None, deadline: float | None = None) -> Any:
     """The weights' part of the key: the hub id for a model the engine
     fetches (its revision, if pinned, is in the argv), else each file under
     the model's path with its size and mtime (a link: its target, not
@@ -260,10 +261,14 @@ def weights(model: str | None) -> Any:
     truncated = False
     stack: list[tuple[str, int]] = [("", 0)]
     while stack and not truncated:
+        if deadline is not None:
+            _deadline_left(deadline)
         rel, depth = stack.pop()
         try:
             with os.scandir(os.path.join(model, rel) if rel else model) as it:
-                entries = sorted(it, key=lambda e: e.name)
+                # A directory of millions (the model's account may make one)
+                # costs no more than the bound.
+                entries = sorted(itertools.islice(it, WALK_FILES + 1), key=lambda e: e.name)
         except OSError as e:
             files.append([rel, "unreadable", e.errno])
             continue
@@ -312,10 +317,12 @@ def gpu_facts(selector: str | None) -> tuple[list[str], str | None]:
     return [g.uuid for g in gpus], version if isinstance(version, str) else None
 
 
-def key_of(opts: Options, version: str | None, argv: list[str] | None) -> dict[str, Any]:
+def key_of(opts: Options, version: str | None, argv: list[str] | None,
+           deadline: float | None = None) -> dict[str, Any]:
     uuids, driver = gpu_facts(opts.gpus)
     return {"engine": opts.engine, "version": version, "executable": executable(argv),
-            "argv": argv, "weights": weights(opts.model), "gpus": uuids, "driver": driver,
+            "argv": argv, "weights": weights(opts.model, deadline), "gpus": uuids,
+            "driver": driver,
             "request": [opts.api, opts.prompt, opts.tokens, SEED]}
 
 
@@ -420,7 +427,7 @@ def check(opts: Options, argv: list[str] | None, accept: bool = False,
     path = record_path(opts.unit, directory)
     try:
         tokens, text = ask(opts, deadline)
-        key = key_of(opts, engine_version(opts, deadline), argv)
+        key = key_of(opts, engine_version(opts, deadline), argv, deadline)
     except CanaryError as e:
         result = Result(ERROR, f"no usable answer: {e}", time.monotonic() - started)
         _note(path, result)

@@ -29,7 +29,7 @@ import os
 import stat
 import time
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, NoReturn
 
 from ...generator import settings
 from ...generator.atomicfile import UnsafePath, read_text, write_file
@@ -107,17 +107,22 @@ def options_of(a: argparse.Namespace) -> Options:
                    max(1, a.tokens), a.timeout, a.on_mismatch, a.served_name, a.model, a.gpus)
 
 
+class _LineParser(argparse.ArgumentParser):
+    """Any error is a ValueError (argparse would print its usage and exit)."""
+
+    def error(self, message: str) -> NoReturn:
+        raise ValueError(message)
+
+
 def options_of_unit_line(words: list[str]) -> Options:
     """The options of a known-answer line as systemd loaded it (the words
-    after `known-answer`); ValueError for one this version cannot read."""
-    p = argparse.ArgumentParser(prog="known-answer", add_help=False, exit_on_error=False,
-                                allow_abbrev=False)
+    after `known-answer`: `--option value` pairs, as render.py writes them);
+    ValueError for one this version cannot read."""
+    p = _LineParser(prog="known-answer", add_help=False, allow_abbrev=False)
     declare_options(p.add_argument, lambda check: check)
-    try:
-        return options_of(p.parse_args([f"{w}={v}" for w, v in zip(words[::2], words[1::2])]
-                                       if len(words) % 2 == 0 else words))
-    except argparse.ArgumentError as e:
-        raise ValueError(str(e)) from None
+    if len(words) % 2:
+        raise ValueError("not --option value pairs")
+    return options_of(p.parse_args([f"{w}={v}" for w, v in zip(words[::2], words[1::2])]))
 
 
 def server_argv(unit: str) -> list[str]:

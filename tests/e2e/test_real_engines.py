@@ -132,7 +132,8 @@ st = os.stat(path)
 with open(path, "r+b") as f:
     data = bytearray(f.read())
     for i in range(len(data) // 20, len(data) * 19 // 20, 64):
-        data[i] ^= 0x55
+        for k in range(i, i + 4):       # every byte of a float, whatever the alignment
+            data[k] ^= 0x55
     f.seek(0)
     f.write(data)
 os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
@@ -256,13 +257,14 @@ def test_vllm_known_answer_a_silent_safetensors_fault_refuses_the_start(real: Re
         assert state(c, name) == "active"
         assert "known answer: first check on this host: answer recorded" in journal(real, name)
         print(f"\nvl-canary start, ExecStartPost ms: {_hook_ms(c, name)}")
-        c.write("/run/vl-canary/corrupt.py", CORRUPT)
+        c.write("/srv/vl-corrupt.py", CORRUPT)      # /run is a tmpfs: not written here
         weights = c.sh(f"ls {model}/*.safetensors").stdout.split()
         assert weights
-        c.sh(f"python3 /run/vl-canary/corrupt.py {weights[0]}")
+        c.sh(f"python3 /srv/vl-corrupt.py {weights[0]}")
         restarts = props(c, f"{name}.service", "NRestarts")["NRestarts"]
         done = c.sh(f"systemctl restart {name}", check=False, timeout=LOAD_TIMEOUT + 60)
-        assert done.returncode != 0, done
+        assert done.returncode != 0, [line for line in journal(real, name).splitlines()
+                                      if "known answer" in line]
         assert wait_for(lambda: _settled(c, name), 120), \
             props(c, f"{name}.service", "ActiveState", "SubState", "NRestarts")
         assert props(c, f"{name}.service", "NRestarts")["NRestarts"] == restarts

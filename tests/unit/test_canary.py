@@ -207,3 +207,16 @@ def test_accept_while_not_running_records_the_next_answer_once(
     assert check(options(url, model), ARGV, directory=records).verdict == MATCH
     state.tokens = [4, 5, 7]
     assert check(options(url, model), ARGV, directory=records).verdict == MISMATCH
+
+
+def test_infer_units_canary_reads_the_units_own_line_as_rendered() -> None:
+    words = ["--unit", "m.service", "--engine", "vllm", "--url", "http://127.0.0.1:8000/",
+             "--api", "openai", "--prompt", "-a prompt that starts with a dash", "--tokens", "4",
+             "--timeout", "5s", "--on-mismatch", "warn", "--served-name", "tiny"]
+    opts = canary.options_of_unit_line(words)
+    assert (opts.prompt, opts.tokens, opts.timeout, opts.on_mismatch, opts.served_name) == (
+        "-a prompt that starts with a dash", 4, 5.0, "warn", "tiny")
+    with pytest.raises(ValueError):
+        canary.options_of_unit_line(words + ["--no-such-option", "x"])
+    with pytest.raises(ValueError):
+        canary.options_of_unit_line(words[2:])          # --unit missing

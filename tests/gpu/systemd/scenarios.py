@@ -1123,7 +1123,8 @@ def l8_llama_canary(sc: Scenario) -> None:
     weights (bytes changed in place, size and mtime kept) changes the answer
     and the start is refused with no automatic restart."""
     d = sc.data
-    weights = "/var/tmp/iu-canary/model.gguf"
+    # Under /run: iu-llama-server runs in /host, which sees the container's /run.
+    weights = "/run/iu-canary/model.gguf"
     os.makedirs(os.path.dirname(weights), exist_ok=True)
     subprocess.run(["cp", "-p", f"{LLAMA_DIR}/model.gguf", weights], check=True)
     try:

@@ -344,7 +344,8 @@ def _canary(m: Model, url: str | None, selector: str | None) -> str:
         argv += ["--model", m.model]
     if selector is not None:
         argv += ["--gpus", selector]
-    return "ExecStartPost=+" + _hook(*argv)
+    # $MAINPID: a server gone (a stop while it loaded) has nothing to check.
+    return "ExecStartPost=+" + _hook(*argv) + " --pid $MAINPID"
 
 
 def _timeout_start(m: Model, url: str | None) -> str:

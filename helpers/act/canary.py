@@ -100,6 +100,7 @@ def declare_options(option: Callable[..., Any],
     option("--served-name", help='the "model" of an OpenAI-compatible request')
     option("--model", help="the model's path (its files are in the key) or hub id")
     option("--gpus", help="the model's GPUs (their UUIDs and the driver are in the key)")
+    option("--pid", help="the server's pid ($MAINPID): gone, there is nothing to check")
 
 
 def options_of(a: argparse.Namespace) -> Options:
@@ -123,6 +124,23 @@ def options_of_unit_line(words: list[str]) -> Options:
     if len(words) % 2:
         raise ValueError("not --option value pairs")
     return options_of(p.parse_args([f"{w}={v}" for w, v in zip(words[::2], words[1::2])]))
+
+
+def stopping(unit: str, pid: str | None) -> str | None:
+    """Why there is nothing to check, or None: the unit is being stopped or
+    restarted (systemd still runs the ExecStartPost= after wait-ready's when
+    a stop came while the server loaded), or its server is gone (systemd
+    handles its exit).  SystemdUnavailable is the caller's."""
+    if pid and pid.isascii() and pid.isdigit():
+        try:
+            os.close(os.pidfd_open(int(pid)))
+        except ProcessLookupError:
+            return f"the server (pid {pid}) is gone"
+        except OSError:
+            pass
+    from ..facts.systemd import pending_job_type
+    job = pending_job_type(unit)
+    return f"{unit} is being stopped (a {job} job)" if job in ("stop", "restart") else None
 
 
 def server_argv(unit: str) -> list[str]:

@@ -415,14 +415,21 @@ def known_answer_parser() -> HookParser:
 @_explained
 def known_answer(argv: list[str]) -> int:
     a = known_answer_parser().read(argv)
-    from ..act.canary import ERROR, MISMATCH, Result, check, options_of, server_argv
+    from ..act.canary import ERROR, MISMATCH, Result, check, options_of, server_argv, stopping
     opts = options_of(a)
     from ..act.metrics import record_canary
     from ..facts.systemd import SystemdUnavailable
     try:
-        result = check(opts, server_argv(opts.unit))
+        why_not = stopping(opts.unit, a.pid)
+        if why_not is None:
+            result = check(opts, server_argv(opts.unit))
+            if result.verdict == ERROR:
+                why_not = stopping(opts.unit, a.pid)    # stopped while it asked
+        if why_not is not None:
+            _say(f"known answer: not checked: {why_not}")
+            return exitcodes.CLEAN
     except SystemdUnavailable as e:
-        result = Result(ERROR, f"no usable answer: the server's argv: {e}", 0.0)
+        result = Result(ERROR, f"no usable answer: systemd: {e}", 0.0)
     except OSError as e:      # the record (UnsafePath included)
         result = Result(ERROR, f"record not written: {e}", 0.0)
     record_canary(opts.unit, result)

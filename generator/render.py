@@ -344,8 +344,10 @@ def _canary(m: Model, url: str | None, selector: str | None) -> str:
         argv += ["--model", m.model]
     if selector is not None:
         argv += ["--gpus", selector]
-    # $MAINPID: a server gone (a stop while it loaded) has nothing to check.
-    return "ExecStartPost=+" + _hook(*argv) + " --pid $MAINPID"
+    # The server's pid: gone (a stop while it loaded), there is nothing to
+    # check.  Braced, within the word: an empty MAINPID (the server reaped)
+    # is an empty value, not a missing one.
+    return "ExecStartPost=+" + _hook(*argv) + " --pid=${MAINPID}"
 
 
 def _timeout_start(m: Model, url: str | None) -> str:

@@ -117,13 +117,20 @@ class _LineParser(argparse.ArgumentParser):
 
 def options_of_unit_line(words: list[str]) -> Options:
     """The options of a known-answer line as systemd loaded it (the words
-    after `known-answer`: `--option value` pairs, as render.py writes them);
-    ValueError for one this version cannot read."""
+    after `known-answer`: `--option value` or `--option=value`, as render.py
+    writes them); ValueError for one this version cannot read."""
     p = _LineParser(prog="known-answer", add_help=False, allow_abbrev=False)
     declare_options(p.add_argument, lambda check: check)
-    if len(words) % 2:
-        raise ValueError("not --option value pairs")
-    return options_of(p.parse_args([f"{w}={v}" for w, v in zip(words[::2], words[1::2])]))
+    glued: list[str] = []
+    rest = iter(words)
+    for word in rest:
+        if word.startswith("--") and "=" not in word:
+            value = next(rest, None)
+            if value is None:
+                raise ValueError(f"{word} without a value")
+            word = f"{word}={value}"
+        glued.append(word)
+    return options_of(p.parse_args(glued))
 
 
 def stopping(unit: str, pid: str | None) -> str | None:

@@ -212,7 +212,8 @@ def test_accept_while_not_running_records_the_next_answer_once(
 def test_infer_units_canary_reads_the_units_own_line_as_rendered() -> None:
     words = ["--unit", "m.service", "--engine", "vllm", "--url", "http://127.0.0.1:8000/",
              "--api", "openai", "--prompt", "-a prompt that starts with a dash", "--tokens", "4",
-             "--timeout", "5s", "--on-mismatch", "warn", "--served-name", "tiny"]
+             "--timeout", "5s", "--on-mismatch", "warn", "--served-name", "tiny",
+             "--pid=${MAINPID}"]
     opts = canary.options_of_unit_line(words)
     assert (opts.prompt, opts.tokens, opts.timeout, opts.on_mismatch, opts.served_name) == (
         "-a prompt that starts with a dash", 4, 5.0, "warn", "tiny")

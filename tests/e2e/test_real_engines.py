@@ -153,7 +153,7 @@ def _hook_ms(c, unit: str) -> list[float | None]:
         return datetime.datetime.strptime(f"{words[1]} {words[2]}", form).timestamp()
 
     out: list[float | None] = []
-    for entry in text.split("{")[1:]:
+    for entry in text.split("{ path=")[1:]:      # an argv may hold "${MAINPID}"
         fields = dict(part.strip().split("=", 1) for part in entry.split(";") if "=" in part)
         start, stop = when(fields.get("start_time", "")), when(fields.get("stop_time", ""))
         out.append(round((stop - start) * 1000, 1) if start and stop else None)

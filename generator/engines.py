@@ -51,6 +51,13 @@ class EngineSpec:
     # the model the API serves (the completion's "model" field).
     liveness_probe: str = "health"
     model_name_flag: str | None = None
+    # The known-answer check ([canary]): the API its one greedy request goes
+    # through ("openai": /v1/completions, "llamacpp": /completion, "tgi":
+    # /generate; None: none known, off by default), and where the server
+    # says its own version (path, the keys of the JSON object read).
+    canary_api: str | None = None
+    version_path: str | None = None
+    version_keys: tuple[str, ...] = ()
 
     @property
     def uses_executable(self) -> bool:
@@ -79,7 +86,9 @@ ENGINE_SPECS: dict[str, EngineSpec] = {
                          drain=30.0, no_drain_env=(("SGL_FORCE_SHUTDOWN", "1"),),
                          p2p_off_args=_NO_CUSTOM_ALL_REDUCE,
                          # FlashInfer's PCIe IPC all-reduce is not gated by the flag
-                         p2p_off_env=(("SGLANG_ENABLE_PCIE_IPC_ALLREDUCE", "0"),)),
+                         p2p_off_env=(("SGLANG_ENABLE_PCIE_IPC_ALLREDUCE", "0"),),
+                         canary_api="openai", version_path="/get_server_info",
+                         version_keys=("version",)),
     # python -m vllm.entrypoints.cli.main serve M --tensor-parallel-size N: the
     # `vllm serve` entry (the openai.api_server module is deprecated and has
     # no --headless).  /health is cheap: 200 once the engine is up.
@@ -95,13 +104,15 @@ ENGINE_SPECS: dict[str, EngineSpec] = {
                        liveness_probe="generate", model_name_flag="--served-model-name",
                        p2p_off_args=_NO_CUSTOM_ALL_REDUCE,
                        p2p_off_env=(("VLLM_ALLREDUCE_USE_FLASHINFER", "0"),
-                                    ("VLLM_ALLREDUCE_USE_SYMM_MEM", "0"))),
+                                    ("VLLM_ALLREDUCE_USE_SYMM_MEM", "0")),
+                       canary_api="openai", version_path="/version", version_keys=("version",)),
     # python -m tensorrt_llm.commands.serve M --tp_size N (the trtllm-serve entry
     # point).  SIGTERM is uvicorn's: it closes the port (new connections are
     # refused) and waits for the requests in flight with no time limit
     # (serve/openai_server.py): TimeoutStopSec is the drain's bound.
     "trtllm": EngineSpec("tensorrt_llm.commands.serve", None, True, "/health",
-                         probe_timeout=10.0, drain=30.0),
+                         probe_timeout=10.0, drain=30.0, canary_api="openai",
+                         version_path="/version", version_keys=("version",)),
     # text-generation-launcher: launcher -> shards -> router; the router (and
     # with it /health) appears only once every shard is ready and warmed up.
     # SIGTERM: the router stops taking connections and finishes those it has,
@@ -115,7 +126,8 @@ ENGINE_SPECS: dict[str, EngineSpec] = {
                       drain=90.0, drain_flag="--graceful-termination-timeout", own_drain=90.0,
                       drain_rounds=2, flags_from_env=True,
                       port_flags=(("--master-port", 1), ("--prometheus-port", 2)),
-                      path_flags=(("--shard-uds-path", "/tmp/text-generation-server-{name}"),)),
+                      path_flags=(("--shard-uds-path", "/tmp/text-generation-server-{name}"),),
+                      canary_api="tgi", version_path="/info", version_keys=("version", "sha")),
     # llama-server splits layers over every visible GPU; it has no TP size flag.
     # /health answers 503 "Loading model" until the model is loaded.
     # /health reports the server's state, not a generation: probe liveness
@@ -128,7 +140,10 @@ ENGINE_SPECS: dict[str, EngineSpec] = {
     # driver frees its GPU memory as at any exit (wait-free waits for it).
     "llamacpp": EngineSpec(None, "llama-server", False, "/health", probe_timeout=10.0,
                            drain=0.0, can_drain=False, stop_signal="SIGKILL",
-                           liveness_probe="generate", model_name_flag="--alias"),
+                           liveness_probe="generate", model_name_flag="--alias",
+                           # /props: build_info names the build (b<N>-<commit>)
+                           canary_api="llamacpp", version_path="/props",
+                           version_keys=("build_info",)),
     # Any server: [stop] drain is only how long systemd waits after SIGTERM.
     "command": EngineSpec(None, None, False, "/health", probe_timeout=10.0, drain=0.0),
 }

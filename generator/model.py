@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from .canary import Canary, build_canary
 from .durations import MAX_SECONDS
 from .engines import (ENGINE_SPECS, TEARDOWN_S, EngineSpec, derived_ports, env_name,
                       flag_value)
@@ -65,6 +66,7 @@ class Model:
     install_directives: dict[str, list[str]]
     liveness: Liveness | None       # [liveness]; None: off (interval = "0")
     health_accept: tuple[str, ...]  # [health] accept: checks whose errors do not refuse
+    canary: Canary | None           # [canary]: the known-answer check; None: off
 
     @property
     def unit_name(self) -> str:
@@ -195,6 +197,7 @@ def build_model(merged: MergedConfig) -> Model:
     fields["bound_ports"] = _bound_ports(values, ports)
     fields["nodes"] = nodes
     fields["liveness"] = build_liveness(values, merged, probe_timeout, spec.liveness_probe)
+    fields["canary"] = build_canary(values, merged, spec)
     return Model(**fields)
 
 

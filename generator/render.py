@@ -323,6 +323,35 @@ def _waited_by_pre_start(m: Model) -> Backoff | None:
     return _backoff(m)
 
 
+def _canary(m: Model, url: str | None, selector: str | None) -> str:
+    """The known-answer check's ExecStartPost= (root: its record is root's),
+    after wait-ready's: systemd runs it once the server answered health, and
+    the unit is active only once it passed.  Its options are all the check
+    and `infer-units canary` need (they read them from the unit that runs)."""
+    c = m.canary
+    if c is None or url is None or m.is_worker:
+        return ""
+    from .engines import flag_value
+    from .urls import parse_url
+    spec = ENGINE_SPECS[m.engine]
+    argv = ["known-answer", "--unit", m.unit_name, "--engine", m.engine,
+            "--url", parse_url(url).with_target("/").text(), "--api", c.api,
+            "--prompt", c.prompt, "--tokens", str(c.tokens),
+            "--timeout", format_seconds(c.timeout), "--on-mismatch", c.on_mismatch]
+    name = (flag_value(m.args, spec.model_name_flag) if spec.model_name_flag else None) \
+        or m.model
+    if name and c.api == "openai":
+        argv += ["--served-name", name]     # vLLM answers 404 to any other name
+    if m.model:
+        argv += ["--model", m.model]
+    if selector is not None:
+        argv += ["--gpus", selector]
+    # The server's pid: gone (a stop while it loaded), there is nothing to
+    # check.  Braced, within the word: an empty MAINPID (the server reaped)
+    # is an empty value, not a missing one.
+    return "ExecStartPost=+" + _hook(*argv) + " --pid=${MAINPID}"
+
+
 def _timeout_start(m: Model, url: str | None) -> str:
     """`url`: health_url(m)."""
     if m.is_worker:
@@ -335,6 +364,8 @@ def _timeout_start(m: Model, url: str | None) -> str:
         total += waited.extra
     if url is not None:
         total += m.ready_timeout + m.ready_probe_timeout
+        if m.canary is not None:
+            total += m.canary.timeout
     if m.nccl_p2p == "auto":
         total += P2P_ALLOWANCE_S
     return format_seconds(total)
@@ -461,6 +492,9 @@ def render(m: Model) -> RenderedUnit:
     selector = m.gpu_selector()
     by_name = m.gpus_by_name
     ignore = _ignore_args(m) if selector is not None else []
+    canary = _canary(m, url, selector)
+    if canary:
+        post.append(canary)
     liveness_wants, liveness_stop_post = _liveness(m, url)
     cap: tuple[str, ...] = ()
     if selector and liveness_stop_post:

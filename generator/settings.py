@@ -20,6 +20,9 @@ ENGINES = ("sglang", "vllm", "trtllm", "tgi", "llamacpp", "command")
 HEALTH_CHECKS = ("remapped-rows", "retired-pages", "xid", "ecc", "persistence", "fabric", "mig",
                  "hmm", "cc", "iommu", "acs", "nvidia-uvm")
 
+# [canary] api: the request shapes the known-answer check knows.
+CANARY_APIS = ("openai", "llamacpp", "tgi")
+
 # Processes every reaper must leave alone; [reap] ignore adds to these.
 BUILTIN_IGNORE = ("nvidia-persistenced", "nv-hostengine", "dcgm-exporter")
 # [reap] foreign; also the choices of the hooks' and the CLI's --foreign.
@@ -251,6 +254,12 @@ def check_argv(raw: Any) -> list[str]:
         check_program(value[0])
     except ValueError as e:
         raise ValueError(f"item 0 (the program): {e}") from None
+    return value
+
+
+def check_bool(value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise ValueError(f"expected true or false, got {type(value).__name__}")
     return value
 
 
@@ -586,6 +595,29 @@ SETTINGS: tuple[Setting, ...] = (
             "stopped and left failed.", attr=DERIVED),
     Setting("liveness.restart-window", check_duration, 21600.0,
             "The window max-restarts counts in.", attr=DERIVED),
+
+    Setting("canary.enabled", check_bool, None,
+            "The known-answer check before the unit turns active: one greedy request "
+            "(temperature 0, a fixed seed and prompt) compared with the answer recorded for "
+            "this model on this host (docs/canary.md). Default: on for every engine but "
+            "command (on there once `api` is set); false where the engine's kernels are not "
+            "deterministic at batch 1.", attr=DERIVED),
+    Setting("canary.on-mismatch", check_choice(("refuse", "warn")), "refuse",
+            "A different answer under the same key (engine and version, weights, argv, GPUs, "
+            "driver): refuse the start (no automatic restart) or go on with a warning; "
+            "\"warn\" also lets a start go on when the check gets no usable answer.",
+            attr=DERIVED),
+    Setting("canary.prompt", check_nonempty_str, "The quick brown fox",
+            "The request's prompt.", attr=DERIVED),
+    Setting("canary.tokens", check_positive_int, 16,
+            "Tokens generated (at most 256).", attr=DERIVED),
+    Setting("canary.timeout", check_duration, 30.0,
+            "One deadline for the check's requests (the answer and the version).",
+            attr=DERIVED),
+    Setting("canary.api", check_choice(CANARY_APIS), None,
+            "The request's shape: openai (/v1/completions), llamacpp (/completion), tgi "
+            "(/generate); default per engine (vLLM, SGLang, TRT-LLM: openai); engine = "
+            "\"command\" has none unless set.", attr=DERIVED),
 )
 
 BY_KEY: dict[str, Setting] = {s.key: s for s in SETTINGS}
@@ -605,7 +637,7 @@ RESTART_DEFAULTS = {"RestartSec": "5s", "RestartSteps": "6", "RestartMaxDelaySec
 
 
 # Tables whose own keys are fixed (others are free-form: env, unit, service, install).
-FIXED_TABLES = ("reap", "ready", "stop", "nodes", "liveness", "health")
+FIXED_TABLES = ("reap", "ready", "stop", "nodes", "liveness", "health", "canary")
 
 
 def reference_markdown() -> str:

@@ -33,6 +33,9 @@ COMMANDS: dict[str, Command] = {
     "wait-ready": Command("hooks.unit", "wait_ready", hook=True,
                           summary="ExecStartPost: wait for health; fail at once if the "
                                   "server dies."),
+    "known-answer": Command("hooks.unit", "known_answer", hook=True,
+                            summary="ExecStartPost: the known-answer check; a mismatch "
+                                    "refuses the start."),
     "wait-free": Command("hooks.unit", "wait_free", hook=True,
                          summary="ExecStopPost: wait until the GPUs are free; report what "
                                  "holds them."),
@@ -54,6 +57,7 @@ COMMANDS: dict[str, Command] = {
     "drain": Command("cli.gpu", "drain"),
     "resume": Command("cli.gpu", "resume"),
     "doctor": Command("cli.doctor", "doctor"),
+    "canary": Command("cli.canary", "canary"),
 }
 
 HOOKS: dict[str, Command] = {name: c for name, c in COMMANDS.items() if c.hook}

@@ -111,6 +111,15 @@ def record_liveness(unit: str | None, state: dict[str, Any], restarted: bool) ->
             {"liveness_restarts_total": 1 if restarted else 0})
 
 
+def record_canary(unit: str | None, result: Any) -> None:
+    """After a known-answer check (helpers/act/canary.py)."""
+    _update(unit, {"canary_mismatch": 1 if result.verdict == "mismatch" else 0,
+                   "canary_error": 1 if result.verdict == "error" else 0,
+                   "canary_verdict": result.verdict, "canary_message": result.message,
+                   "last_canary_seconds": result.seconds},
+            {"canary_checks_total": 1})
+
+
 _METRICS = (
     ("refused", "gauge", "1 if the model's last start was refused by its start checks "
                          "(no automatic restart), 0 once a start passes them."),
@@ -123,6 +132,11 @@ _METRICS = (
     ("liveness_restarts_total", "counter", "Restarts by liveness (failed health probes)."),
     ("liveness_consecutive_failures", "gauge", "Health probes failed in a row (liveness)."),
     ("liveness_capped", "gauge", "1 if liveness stopped the unit at its restart cap."),
+    ("canary_mismatch", "gauge", "1 if the last known-answer check found an answer other "
+     "than the one recorded under the same key."),
+    ("canary_error", "gauge", "1 if the last known-answer check got no usable answer."),
+    ("canary_checks_total", "counter", "Known-answer checks run."),
+    ("last_canary_seconds", "gauge", "Seconds the last known-answer check took."),
 )
 
 

@@ -15,6 +15,7 @@ from ...generator.render import health_url
 from ..decide.attribution import attribute
 from ..facts.gpus import GpuError, backend, select
 from ..decide.health import check_gpus, worst
+from ..act.canary import view as canary_view
 from ..act.liveness import cell as liveness_cell, view as liveness_view
 from ..act.metrics import load_state
 from ..act.ready import probe
@@ -299,6 +300,7 @@ def model_status(model: Model, fence: dict[str, Any] | None = None) -> dict[str,
     else:
         entry["health"] = None
     entry["metrics"] = load_state(model.unit_name)
+    entry["canary"] = canary_view(entry["metrics"])
     if model.nodes is not None:
         entry["nodes"] = _nodes_view(model, entry)
     entry["liveness"] = live = liveness_view(model)
@@ -439,6 +441,9 @@ def table(report: dict[str, Any]) -> str:
         rows.append((m["name"], state, pid, _age(m.get("since_s")), restarts, gpus, mem,
                      str(m["port"] or "-"), answer, live))
         notes += [f"{m['name']}: {why}" for why in m.get("why", [])]
+        if m.get("canary") and m["canary"]["verdict"] in ("mismatch", "error"):
+            notes.append(f"{m['name']}: known answer {m['canary']['verdict']}: "
+                         f"{m['canary']['message']}")
     lines = format_table(rows)
     fence = report.get("fence")
     if fence is not None:

@@ -5,7 +5,8 @@ HTTP itself is the standard library's http.client.
 
 Healthy is a 2xx status within the timeout, judged after redirects; a 2xx's
 body is not read (SGLang's /health sends its status only after generating a
-token).  The timeout is one deadline for the whole exchange: the connect,
+token), unless the caller asks for it (the known-answer check): then at most
+`read` bytes of it, within the same deadline, and a longer body is no answer.  The timeout is one deadline for the whole exchange: the connect,
 TLS, every redirect and every byte, since the listener on a model's port is
 not necessarily the model (docs/trust.md).  http.client's own timeout is per
 socket operation, so a listener that trickles its answer a byte at a time
@@ -41,6 +42,7 @@ class Answer:
     # The address the answer came from (the connection's peer): whose
     # listener answered is judged there, not by the port alone.
     peer: str | None = None
+    body: bytes | None = None   # a 2xx's body, when asked for (read > 0)
 
 
 # A kept connection reads a non-2xx answer's body to its end to reuse it; a
@@ -61,10 +63,12 @@ class _Cut(Exception):
     """The caller's deadline passed: this exchange ends unheard."""
 
 
-def http_probe(url: str | Url, timeout: float, body: str | None = None) -> Answer:
+def http_probe(url: str | Url, timeout: float, body: str | None = None,
+               read: int = 0) -> Answer:
     """GET url (POST `body`, JSON, when given: the one-token completion of
-    [liveness] probe = "generate"), on a connection of its own."""
-    return Session(url, keep=False).probe(timeout, body)
+    [liveness] probe = "generate"), on a connection of its own.  `read`: a
+    2xx's body is read, up to that many bytes (more: not ok)."""
+    return Session(url, keep=False).probe(timeout, body, read)
 
 
 @dataclass
@@ -73,6 +77,7 @@ class _Outcome:
     text: str
     kept: http.client.HTTPConnection | None     # to ask on next time
     peer: str | None = None
+    body: bytes | None = None
 
 
 class _Line:
@@ -168,11 +173,11 @@ class Session:
             self.conn.close()
             self.conn = None
 
-    def probe(self, timeout: float, body: str | None = None) -> Answer:
+    def probe(self, timeout: float, body: str | None = None, read: int = 0) -> Answer:
         started = time.monotonic()
         line = _Line(timeout)
         kept, self.conn = self.conn, None       # the thread's until it hands it back
-        worker = threading.Thread(target=self._run, args=(line, kept, body), daemon=True,
+        worker = threading.Thread(target=self._run, args=(line, kept, body, read), daemon=True,
                                   name="infer-units probe")
         outcome: _Outcome | BaseException | None = None
         try:
@@ -188,15 +193,15 @@ class Session:
         if isinstance(outcome, BaseException):
             raise outcome
         self.conn = outcome.kept
-        return Answer(outcome.ok, outcome.text, seconds, outcome.peer)
+        return Answer(outcome.ok, outcome.text, seconds, outcome.peer, outcome.body)
 
     def _run(self, line: _Line, kept: http.client.HTTPConnection | None,
-             body: str | None) -> None:
+             body: str | None, read: int) -> None:
         """The exchange, in the probe's own thread: every way it can end
         becomes the outcome's text."""
         outcome: _Outcome | BaseException
         try:
-            outcome = self._exchange(line, kept, body)
+            outcome = self._exchange(line, kept, body, read)
         except _Cut:
             return
         except TimeoutError:
@@ -222,7 +227,7 @@ class Session:
         line.hand_over(outcome)
 
     def _exchange(self, line: _Line, kept: http.client.HTTPConnection | None,
-                  body: str | None) -> _Outcome:
+                  body: str | None, read: int) -> _Outcome:
         url = self.url if isinstance(self.url, Url) else parse_url(self.url)
         keeping = self.keep and url.scheme == "http" and body is None
         if kept is not None and not keeping:
@@ -246,6 +251,15 @@ class Session:
                 continue
             ok = 200 <= code < 300
             peer = _peer(conn)
+            if ok and read > 0:
+                # Each read() waits at most the deadline's rest (use() set the
+                # socket's timeout); the caller cuts the whole at the deadline.
+                data = response.read(read + 1)
+                line.close(conn)
+                if len(data) > read:
+                    return _Outcome(False, f"HTTP {code} with an answer over {read} bytes",
+                                    None, peer)
+                return _Outcome(True, f"HTTP {code}", None, peer, data)
             reusable = keeping and hop == 0 and not ok and _read_rest(line, conn, response)
             if reusable:
                 with line.lock:

@@ -29,6 +29,7 @@ from ..die import die
 from ..facts.gpus import Backend, Gpu
 from .parser import HookParser, checked
 
+
 ERR, WARNING, NOTICE, INFO = 3, 4, 5, 6     # syslog priorities: journalctl -p
 
 
@@ -463,6 +464,56 @@ def wait_ready(argv: list[str]) -> int:
         return exitcodes.CONFIG_ERROR
     _say(f"exit 3 = timed out: {result.reason}", ERR)
     return exitcodes.TIMED_OUT
+
+
+# ------------------------------------------------------------------ known-answer
+
+def known_answer_parser() -> HookParser:
+    p = HookParser("known-answer",
+                   description="ExecStartPost, after wait-ready: one greedy request compared "
+                               "with the answer recorded for this model on this host; a "
+                               "mismatch refuses the start (--on-mismatch refuse).")
+    from ..act.canary import declare_options
+    declare_options(p.option, checked)
+    return p
+
+
+@_explained
+def known_answer(argv: list[str]) -> int:
+    a = known_answer_parser().read(argv)
+    from ..act.canary import ERROR, MISMATCH, Result, check, options_of, server_argv, stopping
+    opts = options_of(a)
+    from ..act.metrics import record_canary
+    from ..facts.systemd import SystemdUnavailable
+    try:
+        why_not = stopping(opts.unit, a.pid)
+        if why_not is None:
+            result = check(opts, server_argv(opts.unit))
+            if result.verdict == ERROR:
+                why_not = stopping(opts.unit, a.pid)    # stopped while it asked
+        if why_not is not None:
+            _say(f"known answer: not checked: {why_not}")
+            return exitcodes.CLEAN
+    except SystemdUnavailable as e:
+        result = Result(ERROR, f"no usable answer: systemd: {e}", 0.0)
+    except OSError as e:      # the record (UnsafePath included)
+        result = Result(ERROR, f"record not written: {e}", 0.0)
+    record_canary(opts.unit, result)
+    name = opts.unit.removesuffix(".service")
+    line = f"known answer: {result.message} ({result.seconds * 1000:.0f} ms)"
+    if result.verdict not in (MISMATCH, ERROR):
+        _say(line, INFO if result.verdict == "match" else NOTICE)
+        return exitcodes.CLEAN
+    if opts.on_mismatch == "warn":
+        _say(f"{line}; [canary] on-mismatch = \"warn\": starting anyway", WARNING)
+        return exitcodes.CLEAN
+    if result.verdict == ERROR:
+        _say(f"{line}; the start fails (Restart= tries again)", ERR)
+        return exitcodes.CONFIG_ERROR
+    _say(f"{line}; if the new answer is right (a change the key cannot see), `infer-units "
+         f"canary {name} --accept` records it once the model runs", ERR)
+    _refuse_without_restart(opts.unit)
+    return exitcodes.BLOCKED
 
 
 # ------------------------------------------------------------------ wait-free

@@ -140,6 +140,20 @@ def kill_tree(pids: list[int]) -> None:
             pass
 
 
+# The known-answer check's request paths (helpers/act/canary.py): a fake
+# with no POST of its own answers them greedily, the same every time, in a
+# shape every API reads (FAKE_ANSWER changes the text: a silent fault).
+CANARY_PATHS = ("/v1/completions", "/completion", "/generate")
+
+
+def greedy_answer() -> dict:
+    text = os.environ.get("FAKE_ANSWER", "1")
+    ids = [ord(c) for c in text]
+    return {"choices": [{"index": 0, "text": text, "finish_reason": "length"}],
+            "content": text, "tokens": ids, "generated_text": text,
+            "details": {"tokens": [{"id": i} for i in ids]}}
+
+
 class Server:
     """An HTTP server on (host, port) whose GET answers come from `answer(path)`."""
 
@@ -149,7 +163,8 @@ class Server:
             def do_POST(self) -> None:  # noqa: N802
                 data = self.rfile.read(int(self.headers.get("Content-Length", 0)))
                 if post is None:
-                    self._send(404, "")
+                    self._send(*((200, greedy_answer()) if self.path in CANARY_PATHS
+                                 else (404, "")))
                 elif not post_json:
                     self._send(*post(self.path))
                 else:       # post(path, the JSON body): 400 for a body that is not JSON
@@ -648,7 +663,7 @@ def llamacpp(argv: list[str]) -> int:
         if time.monotonic() < loaded_at:
             return 503, {"error": {"code": 503, "message": "Loading model",
                                    "type": "unavailable_error"}}
-        return 200, {"choices": [{"text": "1"}]}
+        return 200, greedy_answer()
 
     server = Server(args.host, args.port, answer, post=complete)   # listens before loading
     say("llamacpp", f"listening on {args.host}:{args.port}")

@@ -155,10 +155,11 @@ class RealBox:
                       "args": args}, liveness=liveness, extra=extra,
                      env={"HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1"})
 
-    def llama_toml(self, port: int, gpus: list[int], *, liveness: str = "", extra: str = "") -> str:
-        return _toml({"engine": "llamacpp", "model": self.paths["gguf_model"],
+    def llama_toml(self, port: int, gpus: list[int], *, liveness: str = "", extra: str = "",
+                   model: str | None = None, args: tuple[str, ...] = ()) -> str:
+        return _toml({"engine": "llamacpp", "model": model or self.paths["gguf_model"],
                       "executable": self.paths["llama_server"], "gpus": gpus, "port": port,
-                      "args": ["--threads", "1"]}, liveness=liveness, extra=extra, env={})
+                      "args": ["--threads", "1", *args]}, liveness=liveness, extra=extra, env={})
 
     def add(self, name: str, text: str) -> None:
         self.c.write(f"/etc/infer-units/{name}.toml", text)

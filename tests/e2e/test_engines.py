@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from .e2e_support import FAKE_TABLE, FAKES, add_model, alive, engine_toml, holders, show
+from .e2e_support import FAKE_TABLE, FAKES, add_model, alive, engine_toml, holders, show, wait_until
 
 pytestmark = pytest.mark.e2e
 
@@ -160,3 +160,42 @@ def test_stop_with_a_foreign_gpu_user_left_behind_is_fast_and_clean(box) -> None
     assert alive(box, foreign), "the stop touched a process outside the unit"
     assert str(foreign) in box.journal("fg.service")
     box.sh("systemctl stop fg-foreign")
+
+
+def test_known_answer_changed_under_the_same_key_refuses_the_start_until_accepted(box) -> None:
+    # The fake answers the check greedily, the same every time; FAKE_ANSWER
+    # (its [env], which is not in the record's key) changes its answer as a
+    # silent fault would: the same key with another answer is a mismatch.
+    name = "ll-ka"
+    add_model(box, name, engine_toml(name, "llamacpp", [5], 18121, env={"FAKE_LOAD_S": "0.2"}))
+    start(box, name)
+    assert show(box, f"{name}.service", "ActiveState")["ActiveState"] == "active"
+    box.sh(f"systemctl restart {name}")
+    log = box.journal(f"{name}.service")
+    assert "known answer: first check on this host: answer recorded" in log, log
+    assert "known answer: answer matches the one recorded" in log, log
+    assert box.sh(f"stat -c %a /var/lib/infer-units/canary/{name}.json").stdout.strip() == "600"
+    add_model(box, name, engine_toml(name, "llamacpp", [5], 18121,
+                                     env={"FAKE_LOAD_S": "0.2", "FAKE_ANSWER": "2"}))
+    restarts = show(box, f"{name}.service", "NRestarts")["NRestarts"]
+    done = box.sh(f"systemctl daemon-reload && systemctl restart {name}", check=False)
+    assert done.returncode != 0
+
+    def settled() -> bool:
+        p = show(box, f"{name}.service", "ActiveState", "SubState")
+        jobs = box.sh(f"systemctl list-jobs --no-legend {name}.service", check=False).stdout
+        return p["ActiveState"] in ("failed", "inactive") and p["SubState"] != "auto-restart" \
+            and not jobs.strip()
+    assert wait_until(settled, 30), show(box, f"{name}.service", "ActiveState", "SubState")
+    assert show(box, f"{name}.service", "NRestarts")["NRestarts"] == restarts
+    log = box.journal(f"{name}.service")
+    assert 'token 0: recorded "49", now "50"' in log, log
+    assert holders(box, "5") == []
+    # Judged right: the next start records its answer.
+    done = box.sh(f"infer-units canary {name} --accept")
+    assert "its next start records its answer" in done.stdout, done.stdout
+    start(box, name)
+    assert show(box, f"{name}.service", "ActiveState")["ActiveState"] == "active"
+    assert "known answer: answer accepted and recorded" in box.journal(f"{name}.service")
+    assert box.sh(f"infer-units canary {name}").stdout.startswith(f"{name}.service: match:")
+    box.sh(f"systemctl stop {name}")

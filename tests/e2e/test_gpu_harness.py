@@ -1,6 +1,6 @@
 """The GPU machine's systemd harness (tests/gpu/systemd), run here with fake
 GPUs: the carried root built from this tree, booted the same way, the same
-scenarios (s8: the restart bench against the container's systemd; l1-l7:
+scenarios (s8: the restart bench against the container's systemd; l1-l8:
 llama.cpp as the models' server, here the CPU build of tools/engines/build
 where it is built, else they say they were skipped), once with one fake GPU
 (the path of the one-GPU machine, the two-GPU scenarios reported as skipped)
@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parents[2]
 HARNESS = ROOT / "tests/gpu/systemd"
 TWO_GPU_SCENARIOS = {"s3_disjoint", "s4_p2p"}
 LLAMA_SCENARIOS = {"l1_llama_lifecycle", "l2_llama_killed", "l3_llama_hang", "l4_llama_foreign",
-                   "l5_llama_drain", "l6_llama_health", "l7_llama_bench"}
+                   "l5_llama_drain", "l6_llama_health", "l7_llama_bench", "l8_llama_canary"}
 
 pytestmark = pytest.mark.skipif(os.environ.get("INFER_UNITS_E2E_GPU_HARNESS") == "0",
                                 reason="INFER_UNITS_E2E_GPU_HARNESS=0")
@@ -71,7 +71,7 @@ def test_the_gpu_harness_passes_on_fake_gpus(carry: Path, tmp_path: Path, gpus: 
     scenarios = results["scenarios"]
     assert len(results["gpus"]) == gpus
     failed = {k: v.get("summary", v.get("error")) for k, v in scenarios.items() if not v["ok"]}
-    assert len(scenarios) == 15 and not failed, failed
+    assert len(scenarios) == 16 and not failed, failed
     skipped = {k for k, v in scenarios.items() if v.get("skipped")}
     # Only the scenarios that need two GPUs may skip, and only where there is
     # one; the llama.cpp ones only where no llama-server is built.

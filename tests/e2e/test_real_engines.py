@@ -17,6 +17,7 @@ test builds them (~20 min).  INFER_UNITS_REAL_ENGINES=0 skips the file.
 
 from __future__ import annotations
 
+import datetime
 import json
 import os
 import time
@@ -121,6 +122,109 @@ def test_llamacpp_hung_server_is_restarted_by_liveness(real: RealBox) -> None:
         stopped(real, name)
 
 
+# A silent fault: bytes of the weights changed in place with the file's size
+# and mtime kept (a failing disk, a bad copy), which the record's key cannot
+# see: only the answer tells it.
+CORRUPT = """
+import os, sys
+path = sys.argv[1]
+st = os.stat(path)
+with open(path, "r+b") as f:
+    data = bytearray(f.read())
+    for i in range(len(data) // 20, len(data) * 19 // 20, 64):
+        for k in range(i, i + 4):       # every byte of a float, whatever the alignment
+            data[k] ^= 0x55
+    f.seek(0)
+    f.write(data)
+os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+"""
+
+
+def _hook_ms(c, unit: str) -> list[float | None]:
+    """How long each ExecStartPost= of the unit's last start ran (ms), from
+    systemd's own start_time/stop_time of each command (None: not shown)."""
+    text = c.sh(f"systemctl show -p ExecStartPost --timestamp=us+utc {unit}").stdout
+
+    def when(stamp: str) -> float | None:
+        words = stamp.strip("[] ").split()      # "Mon 2026-12-07 17:00:00.123456 UTC"
+        if len(words) != 4:
+            return None
+        form = "%Y-%m-%d %H:%M:%S.%f" if "." in words[2] else "%Y-%m-%d %H:%M:%S"
+        return datetime.datetime.strptime(f"{words[1]} {words[2]}", form).timestamp()
+
+    out: list[float | None] = []
+    for entry in text.split("{ path=")[1:]:      # an argv may hold "${MAINPID}"
+        fields = dict(part.strip().split("=", 1) for part in entry.split(";") if "=" in part)
+        start, stop = when(fields.get("start_time", "")), when(fields.get("stop_time", ""))
+        out.append(round((stop - start) * 1000, 1) if start and stop else None)
+    return out
+
+
+def _settled(c, unit: str) -> bool:
+    """Not starting, no job queued: a Restart= would show as auto-restart."""
+    p = props(c, f"{unit}.service", "ActiveState", "SubState")
+    jobs = c.sh(f"systemctl list-jobs --no-legend {unit}.service", check=False).stdout.strip()
+    return p["ActiveState"] in ("failed", "inactive") and p["SubState"] != "auto-restart" \
+        and not jobs
+
+
+def test_llamacpp_known_answer_recorded_matched_then_a_silent_weight_fault_refuses_the_start(
+        real: RealBox) -> None:
+    c = real.c
+    name, port, model = "ll-canary", 8083, "/srv/canary/tiny.gguf"
+    c.sh(f"mkdir -p /srv/canary && cp -p {real.paths['gguf_model']} {model}")
+    real.add(name, real.llama_toml(port, [3], model=model))
+    try:
+        c.sh(f"systemctl start {name}", timeout=LOAD_TIMEOUT)
+        assert state(c, name) == "active"
+        assert "known answer: first check on this host: answer recorded" in journal(real, name)
+        modes = c.sh("stat -c '%a %U' /var/lib/infer-units /var/lib/infer-units/canary "
+                     f"/var/lib/infer-units/canary/{name}.json").stdout.split()
+        assert modes == ["700", "root", "700", "root", "600", "root"], modes
+        print(f"\nll-canary first start, ExecStartPost ms (wait-ready, known-answer): "
+              f"{_hook_ms(c, name)}")
+        for _ in range(2):
+            c.sh(f"systemctl restart {name}", timeout=LOAD_TIMEOUT)
+            assert state(c, name) == "active"
+            print(f"ll-canary restart, ExecStartPost ms: {_hook_ms(c, name)}")
+        assert journal(real, name).count("known answer: answer matches the one recorded") == 2
+        done = c.sh(f"infer-units canary {name}", check=False)
+        assert done.returncode == 0 and f"{name}.service: match:" in done.stdout, done
+
+        c.write("/srv/canary/corrupt.py", CORRUPT)
+        before = c.sh(f"stat -c '%s %Y' {model}").stdout
+        c.sh(f"python3 /srv/canary/corrupt.py {model}")
+        assert c.sh(f"stat -c '%s %Y' {model}").stdout == before
+        restarts = props(c, f"{name}.service", "NRestarts")["NRestarts"]
+        done = c.sh(f"systemctl restart {name}", check=False, timeout=LOAD_TIMEOUT)
+        assert done.returncode != 0, done
+        assert wait_for(lambda: _settled(c, name), 60), \
+            props(c, f"{name}.service", "ActiveState", "SubState", "NRestarts")
+        assert props(c, f"{name}.service", "NRestarts")["NRestarts"] == restarts
+        text = journal(real, name)
+        assert "known answer: answer differs from the one recorded" in text, text[-3000:]
+        assert f"start of {name}.service refused; no automatic restart" in text
+        status = c.sh(f"infer-units status {name}", check=False).stdout
+        assert f"{name}: known answer mismatch: " in status, status
+        metrics = json.loads(c.sh(f"cat /run/infer-units/state/{name}.service.json").stdout)
+        assert metrics["canary_mismatch"] == 1, metrics
+
+        # The record kept the known answer: the weights put back, it matches again.
+        c.sh(f"cp -p {real.paths['gguf_model']} {model}")
+        c.sh(f"systemctl start {name}", timeout=LOAD_TIMEOUT)
+        assert state(c, name) == "active"
+        assert journal(real, name).count("known answer: answer matches the one recorded") == 3
+
+        # A legitimately changed argument: recorded anew and said why, not flagged.
+        real.add(name, real.llama_toml(port, [3], model=model, args=("--ctx-size", "256")))
+        c.sh(f"systemctl restart {name}", timeout=LOAD_TIMEOUT)
+        assert state(c, name) == "active"
+        assert "known answer: recorded anew: engine arguments (from word " in journal(real, name)
+    finally:
+        stopped(real, name)
+        c.sh("rm -rf /srv/canary")
+
+
 # ------------------------------------------------------------------ vLLM
 
 def test_vllm_start_is_gated_on_health_then_restart_and_stop(real: RealBox) -> None:
@@ -130,14 +234,44 @@ def test_vllm_start_is_gated_on_health_then_restart_and_stop(real: RealBox) -> N
     out = generate(c, VL_PORT, real.paths["hf_model"])
     assert len(out["choices"]) == 1 and out["usage"]["completion_tokens"] == 1, out
     pid = main_pid(c, VL)
+    assert "known answer: " in journal(real, VL)       # recorded, or matched a record
     c.sh(f"systemctl restart {VL}", timeout=LOAD_TIMEOUT + 60)
     assert state(c, VL) == "active" and main_pid(c, VL) not in (0, pid)
+    assert "known answer: answer matches the one recorded" in journal(real, VL)
+    print(f"\nvl-real restart, ExecStartPost ms (wait-ready, known-answer): {_hook_ms(c, VL)}")
     t0 = time.monotonic()
     c.sh(f"systemctl stop {VL}")
     assert time.monotonic() - t0 < SETTLE
     assert props(c, f"{VL}.service", "ActiveState", "Result") == {
         "ActiveState": "inactive", "Result": "success"}
     assert unit_pids(c, VL) == []
+
+
+def test_vllm_known_answer_a_silent_safetensors_fault_refuses_the_start(real: RealBox) -> None:
+    c = real.c
+    name, port, model = "vl-canary", 8004, "/run/vl-canary/model"
+    c.sh(f"mkdir -p /run/vl-canary && cp -rp {real.paths['hf_model']} {model}")
+    real.add(name, real.vllm_toml(port, [4]).replace(real.paths["hf_model"], model))
+    try:
+        c.sh(f"systemctl start {name}", timeout=LOAD_TIMEOUT + 60)
+        assert state(c, name) == "active"
+        assert "known answer: first check on this host: answer recorded" in journal(real, name)
+        print(f"\nvl-canary start, ExecStartPost ms: {_hook_ms(c, name)}")
+        c.write("/srv/vl-corrupt.py", CORRUPT)      # /run is a tmpfs: not written here
+        weights = c.sh(f"ls {model}/*.safetensors").stdout.split()
+        assert weights
+        c.sh(f"python3 /srv/vl-corrupt.py {weights[0]}")
+        restarts = props(c, f"{name}.service", "NRestarts")["NRestarts"]
+        done = c.sh(f"systemctl restart {name}", check=False, timeout=LOAD_TIMEOUT + 60)
+        assert done.returncode != 0, [line for line in journal(real, name).splitlines()
+                                      if "known answer" in line]
+        assert wait_for(lambda: _settled(c, name), 120), \
+            props(c, f"{name}.service", "ActiveState", "SubState", "NRestarts")
+        assert props(c, f"{name}.service", "NRestarts")["NRestarts"] == restarts
+        assert "known answer: answer differs from the one recorded" in journal(real, name)
+    finally:
+        stopped(real, name)
+        c.sh("rm -rf /run/vl-canary")
 
 
 def _loading(real: RealBox) -> None:

@@ -61,8 +61,10 @@ def written_textfile(gpus: FakeGpus, holders: Any, tmp_path: Path) -> str:
     run_cli("pre-start", "--unit", "sick.service", "--gpus", "1", "--timeout", "5s", env=env,
             check=2)
     done = subprocess.run(
-        [PYTHON, "-c", "from infer_units.helpers.act.metrics import record_liveness; "
-         "record_liveness('m.service', {'consecutive_failures': 2, 'capped': True}, True)"],
+        [PYTHON, "-c", "from infer_units.helpers.act.metrics import record_canary, "
+         "record_liveness; from infer_units.helpers.act.canary import Result; "
+         "record_liveness('m.service', {'consecutive_failures': 2, 'capped': True}, True); "
+         "record_canary('m.service', Result('mismatch', 'token 0 differs', 0.2))"],
         env=env, capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     return (metrics / "infer-units.prom").read_text()
@@ -138,6 +140,7 @@ def promtool_cases(found: Series, values: dict[str, str]) -> list[dict[str, Any]
     failures = one("infer_units_liveness_consecutive_failures", unit="m.service")
     restarts = one("infer_units_liveness_restarts_total", unit="m.service")
     capped = one("infer_units_liveness_capped", unit="m.service")
+    mismatch = one("infer_units_canary_mismatch", unit="m.service")
     health = found["infer_units_gpu_health"]
     errors = [h for h in health if values[series_text("infer_units_gpu_health", h)] == "2"]
     assert [(h["gpu"], h["check"]) for h in errors] == [("1", "xid")], health
@@ -209,6 +212,13 @@ def promtool_cases(found: Series, values: dict[str, str]) -> list[dict[str, Any]
          "alert_rule_test": [
              {"eval_time": "10m", "alertname": "InferUnitsStartRefusedGpuHealth",
               "exp_alerts": none}]},
+        {"name": "a known answer that differs",
+         "interval": "1m",
+         "input_series": [scraped("infer_units_canary_mismatch", mismatch, "0 0 1x10")],
+         "alert_rule_test": [
+             {"eval_time": "1m", "alertname": "InferUnitsKnownAnswerMismatch", "exp_alerts": none},
+             {"eval_time": "3m", "alertname": "InferUnitsKnownAnswerMismatch",
+              "exp_alerts": [alert("InferUnitsKnownAnswerMismatch", unit, "critical")]}]},
         {"name": "a start every minute is a crash loop",
          "interval": "1m",
          "input_series": [scraped("infer_units_reaps_total", m_reaps, "1+1x40")],
@@ -256,7 +266,7 @@ def test_promtool_checks_the_rules() -> None:
     done = subprocess.run([str(PROMTOOL), "check", "rules", str(RULES)], capture_output=True,
                           text=True, timeout=60)
     assert done.returncode == 0, done.stdout + done.stderr
-    assert "SUCCESS: 9 rules found" in done.stdout, done.stdout
+    assert "SUCCESS: 10 rules found" in done.stdout, done.stdout
 
 
 @needs_promtool

@@ -23,7 +23,9 @@ def one_line(done: subprocess.CompletedProcess[str]) -> str:
 
 
 REQUIRED = {"pre-start": ["--unit", "m"], "wait-ready": ["--url", "http://127.0.0.1:1/"],
-            "wait-free": ["--gpus", "0"], "liveness-probe": [], "group-watch": ["--model", "m"]}
+            "wait-free": ["--gpus", "0"], "liveness-probe": [], "group-watch": ["--model", "m"],
+            "known-answer": ["--unit", "m", "--engine", "llamacpp", "--url",
+                             "http://127.0.0.1:1/", "--api", "llamacpp"]}
 
 
 @pytest.mark.parametrize("hook", sorted(HOOKS))

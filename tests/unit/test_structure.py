@@ -99,7 +99,7 @@ def test_one_command_table_for_the_hooks_and_the_cli() -> None:
             assert spec.module.startswith("cli."), name
             assert loaded[name] is target and target.name == name and not target.hidden, name
     assert set(commands.HOOKS) == {"pre-start", "wait-ready", "wait-free", "liveness-probe",
-                                   "group-watch"}
+                                   "group-watch", "known-answer"}
 
 
 def test_the_hooks_path_imports_neither_click_nor_the_cli() -> None:

@@ -8,7 +8,7 @@
 # IU_SCENARIOS="s6 s7" runs only those scenarios.
 # IU_LLAMA_DIR=DIR (bin/llama-server, model.gguf, CONTEXT: tools/engines/
 # build-llama-cuda on the machine; here the CPU build of tools/engines/build)
-# adds llama.cpp as the models' server: scenarios l1-l7 (else they are skipped).
+# adds llama.cpp as the models' server: scenarios l1-l8 (else they are skipped).
 # IU_FAKE_GPUS=1 runs the same on a machine without GPUs (fake GPU table;
 # tests/gpu/systemd/run-local).
 #

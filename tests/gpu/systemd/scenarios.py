@@ -465,7 +465,8 @@ def s4_p2p(sc: Scenario) -> None:
         "port = 8301", f'args = ["--gib", "{gib}"]',
         "[nccl]", 'p2p = "auto"',
         "[reap]", 'term-grace = "2s"', 'timeout = "30s"',
-        "[ready]", 'timeout = "240s"', 'interval = "100ms"', "[service]", 'RestartSec = "2s"', ""])
+        "[ready]", 'timeout = "240s"', 'interval = "100ms"', "[service]", 'RestartSec = "2s"',
+        "[canary]", "enabled = false", ""])      # server.py has no completion API
     add_model("peer", text)
     rc, s, _, _ = sc.sh("systemctl start peer")
     try:
@@ -684,7 +685,7 @@ def s7_container(sc: Scenario) -> None:
                     f"after it left the start succeeded: {rc == 0}")
 
 
-MODELS = ("tp", "left", "right", "peer", "guardkill", "guardfail", "ll", "llbad")
+MODELS = ("tp", "left", "right", "peer", "guardkill", "guardfail", "ll", "llbad", "llc")
 
 
 HARNESS_DEFAULTS = "/etc/infer-units/defaults.toml.d/50-harness.toml"
@@ -1101,6 +1102,72 @@ def l7_llama_bench(sc: Scenario) -> None:
     sc.data["summary"] = " | ".join(lines) if lines else f"bench rc {rc}: {(err or text)[-300:]}"
 
 
+# A silent fault: bytes of the weights changed in place, the file's size and
+# mtime kept (what the known answer's key cannot see).
+def _corrupt(path: str) -> None:
+    st = os.stat(path)
+    with open(path, "r+b") as f:
+        size = st.st_size
+        for at in range(size // 20, size * 19 // 20, max(64, size // 4096)):
+            f.seek(at)
+            word = f.read(4)        # every byte of a weight, whatever its alignment
+            f.seek(at)
+            f.write(bytes(b ^ 0x55 for b in word))
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+
+
+@_needs_llama
+def l8_llama_canary(sc: Scenario) -> None:
+    """The known-answer check with llama.cpp's CUDA build: the first start
+    records the answer, restarts match it, then a silent fault in the
+    weights (bytes changed in place, size and mtime kept) changes the answer
+    and the start is refused with no automatic restart."""
+    d = sc.data
+    # Under /run: iu-llama-server runs in /host, which sees the container's /run.
+    weights = "/run/iu-canary/model.gguf"
+    os.makedirs(os.path.dirname(weights), exist_ok=True)
+    subprocess.run(["cp", "-p", f"{LLAMA_DIR}/model.gguf", weights], check=True)
+    try:
+        add_model("llc", llama_toml().replace(f"{LLAMA_DIR}/model.gguf", weights))
+        rc, s, _, _ = sc.sh("systemctl start llc")
+        starts = [{"rc": rc, "seconds": round(s, 3)}]
+        for _ in range(3):
+            rc, s, _, _ = sc.sh("systemctl restart llc")
+            starts.append({"rc": rc, "seconds": round(s, 3)})
+        journal = sc.journal("llc.service")
+        known = [line.split("known answer: ", 1)[1] for line in journal if "known answer: " in line]
+        recorded = sum("first check on this host" in k for k in known)
+        matched = sum("answer matches the one recorded" in k for k in known)
+        before = os.stat(weights)
+        _corrupt(weights)
+        after = os.stat(weights)
+        restarts = show("llc", "NRestarts")
+        rc_bad, s_bad, _, _ = sc.sh("systemctl restart llc")
+        settled = wait_state("llc", lambda: show("llc", "ActiveState") in ("failed", "inactive")
+                             and show("llc", "SubState") != "auto-restart", 30)
+        journal = sc.journal("llc.service")
+        differs = [line for line in journal if "known answer: answer differs" in line]
+        d.update(starts=starts, known_lines=known, refused_restart={
+            "rc": rc_bad, "seconds": round(s_bad, 3), "settled": settled,
+            "state": show("llc", "ActiveState"), "n_restarts_before": restarts,
+            "n_restarts": show("llc", "NRestarts"), "mismatch_lines": differs},
+            size_mtime_kept=(before.st_size, before.st_mtime_ns) == (after.st_size,
+                                                                      after.st_mtime_ns),
+            status=sc.sh("infer-units status llc")[2][-1500:])
+        d["ok"] = bool(all(x["rc"] == 0 for x in starts) and recorded == 1 and matched == 3
+                       and d["size_mtime_kept"] and rc_bad != 0 and settled and differs
+                       and show("llc", "NRestarts") == restarts and _refused(journal))
+        check_ms = [k.rsplit("(", 1)[-1].rstrip(")") for k in known]
+        d["summary"] = (f"recorded {recorded}, matched {matched} of 3 restarts (check {check_ms}); "
+                        f"weights changed in place (size and mtime kept {d['size_mtime_kept']}): "
+                        f"restart rc {rc_bad}, {show('llc', 'ActiveState')}, restarted "
+                        f"{show('llc', 'NRestarts') != restarts}; "
+                        f"{(differs or ['no mismatch line'])[-1].split('known answer: ', 1)[-1][:200]}")
+    finally:
+        sc.sh("systemctl stop llc; systemctl reset-failed llc")
+        subprocess.run(["rm", "-rf", os.path.dirname(weights), "/var/lib/infer-units/canary/llc.json"])
+
+
 def cleanup(sc: Scenario) -> None:
     """Every model stopped after each scenario, whatever happened in it, so one
     failure does not block the next scenario's GPUs."""
@@ -1136,7 +1203,7 @@ def main() -> int:
     only = os.environ.get("IU_SCENARIOS", "").split()
     for fn in (s1_lifecycle, s2_orphan, s3_disjoint, s4_p2p, s5_status, s6_drain, s7_container,
                s8_restart_cost, l1_llama_lifecycle, l2_llama_killed, l3_llama_hang, l4_llama_foreign,
-               l5_llama_drain, l6_llama_health, l7_llama_bench):
+               l5_llama_drain, l6_llama_health, l7_llama_bench, l8_llama_canary):
         name = fn.__name__
         if only and name.split("_")[0] not in only:
             continue

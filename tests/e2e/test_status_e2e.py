@@ -274,7 +274,9 @@ def test_two_models_alternating_on_one_gpu_are_a_note_not_an_error(box) -> None:
         assert "GPU 1 also used by st-alt-a" in done.stdout and "alternate" in done.stdout, \
             done.stdout
         report = json.loads(box.sh("infer-units status --json st-alt-b", check=False).stdout)
-        assert report["errors"] == [] and len(report["shared"]) == 1, report
+        # Other modules of the session may leave a model on GPU 1 in the shared box.
+        pair = [line for line in report["shared"] if "st-alt-a" in line and "st-alt-b" in line]
+        assert report["errors"] == [] and len(pair) == 1, report
         doctor = box.sh(f"INFER_UNITS_FAKE_GPUS={FAKE_TABLE} infer-units doctor st-alt-b",
                         check=False)
         assert not [ln for ln in doctor.stdout.splitlines()

@@ -259,34 +259,35 @@ def test_a_changed_dropin_or_host_default_marks_the_unit_stale_until_daemon_relo
 def test_two_models_alternating_on_one_gpu_are_a_note_not_an_error(box) -> None:
     """Both units are generated (the second start is refused while the first
     holds the GPU): `status` and `doctor` say so without failing; `check`,
-    which validates files, still calls the overlap an error."""
-    for name, port in (("st-alt-a", 18406), ("st-alt-b", 18407)):
+    which validates files, still calls the overlap an error.  Named to sort
+    first: each file's note names the GPU's first owner by name, and other
+    modules of the session leave models on GPU 1 in the shared box."""
+    for name, port in (("aa-alt-a", 18406), ("aa-alt-b", 18407)):
         add_model(box, name, "\n".join([
             'engine = "command"', f'command = ["/usr/local/bin/fake-engine", "--port", "{port}"]',
             "gpus = [1]", f"port = {port}",
             "[env]", f'INFER_UNITS_FAKE_GPUS = "{FAKE_TABLE}"']) + "\n")
     box.sh("systemctl daemon-reload")
     try:
-        done = box.sh("infer-units status st-alt-a st-alt-b", check=False)
+        done = box.sh("infer-units status aa-alt-a aa-alt-b", check=False)
         assert done.returncode == 0, (done.stdout, done.stderr)
         assert not [ln for ln in done.stdout.splitlines() if ln.startswith("error:")], done.stdout
         assert "does not load" not in done.stderr, done.stderr
-        assert "GPU 1 also used by st-alt-a" in done.stdout and "alternate" in done.stdout, \
+        assert "GPU 1 also used by aa-alt-a" in done.stdout and "alternate" in done.stdout, \
             done.stdout
-        report = json.loads(box.sh("infer-units status --json st-alt-b", check=False).stdout)
-        # Other modules of the session may leave a model on GPU 1 in the shared box.
-        pair = [line for line in report["shared"] if "st-alt-a" in line and "st-alt-b" in line]
+        report = json.loads(box.sh("infer-units status --json aa-alt-b", check=False).stdout)
+        pair = [line for line in report["shared"] if "aa-alt-a" in line and "aa-alt-b" in line]
         assert report["errors"] == [] and len(pair) == 1, report
-        doctor = box.sh(f"INFER_UNITS_FAKE_GPUS={FAKE_TABLE} infer-units doctor st-alt-b",
+        doctor = box.sh(f"INFER_UNITS_FAKE_GPUS={FAKE_TABLE} infer-units doctor aa-alt-b",
                         check=False)
         assert not [ln for ln in doctor.stdout.splitlines()
                     if ln.startswith("error:") and "also used" in ln], doctor.stdout
-        assert "shared" in doctor.stdout and "also used by st-alt-a" in doctor.stdout, \
+        assert "shared" in doctor.stdout and "also used by aa-alt-a" in doctor.stdout, \
             doctor.stdout
-        check = box.sh("infer-units check st-alt-b", check=False)
-        assert check.returncode == 1 and "GPU 1 also used by st-alt-a" in check.stderr, check
+        check = box.sh("infer-units check aa-alt-b", check=False)
+        assert check.returncode == 1 and "GPU 1 also used by aa-alt-a" in check.stderr, check
     finally:
-        _drop(box, "st-alt-a", "st-alt-b")
+        _drop(box, "aa-alt-a", "aa-alt-b")
 
 
 def test_resume_says_each_unit_as_it_becomes_active_or_loops(box) -> None:

@@ -19,10 +19,10 @@ from __future__ import annotations
 
 import json
 import random
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from ..support import wait_until
 from .e2e_support import add_model, model_toml
 
 NAME = "fault-m"
@@ -270,13 +270,13 @@ def _leaks(box) -> list[str]:
 def run_fault(box, rng: random.Random, index: int | None = None) -> Outcome:
     name, about_stop, inject = FAULTS[rng.randrange(len(FAULTS)) if index is None else index]
     hit = inject(box, rng)
-    deadline = time.monotonic() + SETTLE_S
-    state = None
-    while time.monotonic() < deadline:
-        state = _settled(box)
-        if state is not None:
-            break
-        time.sleep(0.2)
+    seen: list[str | None] = [None]
+
+    def settled() -> bool:
+        seen[0] = _settled(box)
+        return seen[0] is not None
+    wait_until(settled, SETTLE_S)
+    state = seen[0]
     outcome = Outcome(name, hit, state or "stuck")
     if state == "failed":
         code, reason = _status_reason(box)

@@ -17,7 +17,7 @@ from ..facts.gpus import GpuError, backend, select
 from ..decide.health import check_gpus, worst
 from ..act.canary import view as canary_view
 from ..act.liveness import cell as liveness_cell, view as liveness_view
-from ..act.metrics import load_state
+from ..act.metrics import METRICS_DIR_VAR, load_state, record_seen, write_textfile
 from ..act.ready import probe
 from ..facts.systemd import SystemdUnavailable, unit_state
 from .render import file_model_name
@@ -273,7 +273,8 @@ def stale(model: Model, unit_file: str, need_reload: bool, loaded: str = "") -> 
 def model_status(model: Model, fence: dict[str, Any] | None = None) -> dict[str, Any]:
     entry: dict[str, Any] = {"name": model.name, "unit": model.unit_name,
                              "source": model.main_path, "engine": model.engine,
-                             "port": model.port, "health_url": health_url(model)}
+                             "port": model.port, "health_url": health_url(model),
+                             "metrics_dir": model.env.get(METRICS_DIR_VAR)}
     try:
         state = unit_state(model.unit_name)
         entry["systemd"] = {"available": True, **state.as_json(),
@@ -367,6 +368,26 @@ def collect(names: list[str]) -> dict[str, Any]:
             "unknown": unknown,
             "suggestions": suggestions(unknown),
             "fence": fence}
+
+
+def write_metrics(report: dict[str, Any]) -> None:
+    """Each model's up and ready as this report saw them, then the textfile
+    in every metrics directory the models' [env] name (or this command's
+    INFER_UNITS_METRICS_DIR).  A model systemd could not be asked about
+    keeps what the hooks last wrote."""
+    directories = {m["metrics_dir"] for m in report["models"] if m["metrics_dir"]}
+    if os.environ.get(METRICS_DIR_VAR):
+        directories.add(os.environ[METRICS_DIR_VAR])
+    for m in report["models"]:
+        sd = m["systemd"]
+        if sd["available"]:
+            health = m["health"]
+            record_seen(m["unit"], sd.get("active_state") == "active",
+                        bool(health and health["ok"]))
+    try:
+        write_textfile(directories)
+    except OSError as e:
+        raise SystemExit(f"infer-units: metrics not written: {e}")
 
 
 def suggestions(unknown: list[str]) -> dict[str, str]:

@@ -344,11 +344,14 @@ def test_hang_restart_then_cap(health: Health, tmp_path: Path, journal,
     assert not (tmp_path / "m.liveness-cap").exists()
     health.mode = "503"
     assert lv.run_probe(cfg, systemd, str(tmp_path)) == lv.COUNT
+    # A failed probe lowers ready at once; the next passing one raises it.
+    assert 'infer_units_ready{unit="m.service"} 0\n' in metrics.render_textfile()
     health.mode = "ok"
     capsys.readouterr()
     assert lv.run_probe(cfg, systemd, str(tmp_path)) == lv.OK
     assert "<5>m.service: health probe passed again after 1 failed" in capsys.readouterr().out
     assert metrics.load_state("m.service")["liveness_capped"] == 0
+    assert 'infer_units_ready{unit="m.service"} 1\n' in metrics.render_textfile()
 
 
 def test_a_restart_is_saved_before_systemd_is_asked(health: Health, tmp_path: Path,

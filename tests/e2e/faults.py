@@ -95,11 +95,13 @@ class Outcome:
     journal: str = ""       # the unit's last lines, for a bad outcome
 
 
-def install(box) -> None:
+def install(box, enabled: bool = False) -> None:
+    """The finder and the model; `enabled`: started at boot."""
     box.write(FINDER, FINDER_SOURCE, mode=0o755)
     box.sh(f"install -d -m 0755 {METRICS}")
-    add_model(box, NAME, model_toml(NAME, [GPU], PORT, ready_timeout="20s", load=LOAD_S,
-                                    env={"INFER_UNITS_METRICS_DIR": METRICS}))
+    text = model_toml(NAME, [GPU], PORT, ready_timeout="20s", load=LOAD_S,
+                      env={"INFER_UNITS_METRICS_DIR": METRICS})
+    add_model(box, NAME, text + ('[install]\nWantedBy = "multi-user.target"\n' if enabled else ""))
     box.sh("systemctl daemon-reload")
 
 

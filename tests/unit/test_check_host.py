@@ -45,8 +45,10 @@ def test_gpus_this_host_does_not_have_are_an_error(tmp_path: Path) -> None:
     report = json.loads(done.stdout)
     assert report["ok"] == [{"path": f"{d}/fits.toml", "unit": "fits.service"}], report
     [error] = report["errors"]
-    assert error.startswith(f"{d}/big.toml: gpus: ") and "7" in error \
-        and "this host's GPUs: 0, 1" in error, error
+    assert error.startswith(f"{d}/big.toml: gpus: GPU '7' not found; GPUs here: 0 ("), error
+    # the host's GPUs are listed once
+    assert error.count("GPUs here") == 1 and "this host's GPUs" not in error, error
+    assert error.count("1 (") == 1, error
 
 
 def test_without_a_gpu_backend_the_gpus_are_not_judged(tmp_path: Path) -> None:

@@ -1,5 +1,6 @@
-"""The Ansible role of contrib/ansible keeps to ansible-lint's rules that a
-run of it found broken (ansible-lint itself is not installed here; these
+"""The Ansible role of contrib/ansible: it installs the package without its
+dependencies' Recommends, and keeps to ansible-lint's rules that a run of it
+found broken (ansible-lint itself is not installed here; these
 are its rules, read from its documentation): a command task says when it
 changes the host (no-changed-when), and a task name has its Jinja template
 only at its end (name[template])."""
@@ -12,7 +13,8 @@ from typing import Any
 
 import yaml
 
-TASKS = Path(__file__).resolve().parents[2] / "contrib/ansible/roles/infer_units/tasks"
+ROOT = Path(__file__).resolve().parents[2]
+TASKS = ROOT / "contrib/ansible/roles/infer_units/tasks"
 COMMANDS = {"ansible.builtin.command", "ansible.builtin.shell", "command", "shell",
             "ansible.builtin.raw", "raw"}
 
@@ -42,3 +44,12 @@ def test_task_names_have_their_template_only_at_the_end() -> None:
            if "{{" in t.get("name", "") and not re.search(r"\{\{[^{}]*\}\}$", t["name"])
            or t.get("name", "").count("{{") > 1]
     assert not bad, bad
+
+
+def test_the_package_is_installed_without_its_dependencies_recommends() -> None:
+    """python3-jinja2 recommends python3-babel (Jinja's i18n, unused here):
+    the role, like README's apt line, leaves Recommends out."""
+    [install] = [t for _, t in every_task() if "ansible.builtin.apt" in t]
+    assert install["ansible.builtin.apt"].get("install_recommends") is False, install
+    readme = (ROOT / "README.md").read_text()
+    assert "apt install --no-install-recommends ./dist/infer-units_" in readme

@@ -124,7 +124,7 @@ def plan_lines(down: set[str], stop: list[str], again: list[str], already: list[
         if unit in stop:
             continue
         if unit in already:
-            lines.append(f"{unit} already drained (inactive): resume starts it")
+            lines.append(f"{unit} already drained (an earlier drain stopped it): resume starts it")
         else:
             lines.append(f"{unit} left active after the fence went up: resume starts it")
     running = [u for u in stop if u not in down]

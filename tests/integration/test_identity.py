@@ -205,7 +205,7 @@ def test_a_second_drain_says_what_is_true_of_each_unit() -> None:
     lines = plan_lines(down={"a.service", "q.service"}, stop=["q.service", "r.service"],
                        again=["a.service", "q.service", "r.service", "x.service"],
                        already=["a.service"], dry_run=False)
-    assert lines == ["a.service already drained (inactive): resume starts it",
+    assert lines == ["a.service already drained (an earlier drain stopped it): resume starts it",
                      "x.service left active after the fence went up: resume starts it",
                      "stopping r.service",
                      "cancelling the queued start of q.service"], lines

@@ -51,9 +51,11 @@ def _option(ctx: click.Context, opt: click.Option) -> OptionDoc:
     flags = ", ".join(opt.opts)
     default = _default(ctx, opt)
     if opt.is_flag and opt.secondary_opts:
-        # An on/off pair ("--verify/--no-verify"): both spellings, and which one is the default.
+        # An on/off pair ("--verify/--no-verify"): both spellings, and which
+        # one is the default, as --help says it ("verify").
         flags += " / " + ", ".join(opt.secondary_opts)
-        default = (opt.opts if opt.get_default(ctx, call=False) else opt.secondary_opts)[0]
+        on = opt.opts if opt.get_default(ctx, call=False) else opt.secondary_opts
+        default = on[0].lstrip("-")
     if not opt.is_flag:
         make_metavar: Callable[..., str] = opt.make_metavar      # its signature: see _needs_ctx
         flags += " " + (make_metavar(ctx) if _needs_ctx(opt) else make_metavar())

@@ -86,4 +86,4 @@ def test_readme_command_table_is_generated_from_the_click_tree() -> None:
         assert not line.startswith(("| `pre-start", "| `wait-ready", "| `wait-free"))
     # an on/off pair shows both spellings and its default: check verifies unless --no-verify
     [check] = [line for line in reference.splitlines() if line.startswith("| `check ")]
-    assert check.endswith("`--verify / --no-verify` (--verify) |"), check
+    assert check.endswith("`--verify / --no-verify` (verify) |"), check

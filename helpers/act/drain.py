@@ -117,15 +117,16 @@ def plan_lines(down: set[str], stop: list[str], again: list[str], already: list[
                dry_run: bool) -> list[str]:
     """What drain says of its plan, true of each unit: the units it stops
     (a down one only has its queued start cancelled), those an earlier
-    drain stopped (a second drain finds them inactive), and those that
+    drain stopped (a second drain finds them down, or unloaded), and those that
     left active after the fence went up."""
     lines = []
+    earlier = [u for u in already if u not in stop]
+    if earlier:
+        # (systemd may have unloaded them since: they need not be listed now)
+        lines.append("already drained (an earlier drain stopped them): "
+                     + ", ".join(earlier) + "; resume starts them")
     for unit in again:
-        if unit in stop:
-            continue
-        if unit in already:
-            lines.append(f"{unit} already drained (an earlier drain stopped it): resume starts it")
-        else:
+        if unit not in stop and unit not in already:
             lines.append(f"{unit} left active after the fence went up: resume starts it")
     running = [u for u in stop if u not in down]
     queued = [u for u in stop if u in down]

@@ -204,8 +204,10 @@ def test_a_second_drain_says_what_is_true_of_each_unit() -> None:
     from infer_units.helpers.act.drain import plan_lines
     lines = plan_lines(down={"a.service", "q.service"}, stop=["q.service", "r.service"],
                        again=["a.service", "q.service", "r.service", "x.service"],
-                       already=["a.service"], dry_run=False)
-    assert lines == ["a.service already drained (an earlier drain stopped it): resume starts it",
+                       already=["a.service", "b.service"], dry_run=False)
+    # b.service: recorded by the first drain, no longer listed by systemd (unloaded)
+    assert lines == ["already drained (an earlier drain stopped them): a.service, b.service; "
+                     "resume starts them",
                      "x.service left active after the fence went up: resume starts it",
                      "stopping r.service",
                      "cancelling the queued start of q.service"], lines

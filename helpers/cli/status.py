@@ -18,7 +18,7 @@ from ..decide.health import check_gpus, worst
 from ..act.canary import view as canary_view
 from ..act.liveness import cell as liveness_cell, view as liveness_view
 from ..act.metrics import METRICS_DIR_VAR, load_state, record_seen, write_textfile
-from ..act.ready import probe
+from ..act.ready import NOT_READY, probe
 from ..facts.systemd import SystemdUnavailable, unit_state
 from .render import file_model_name
 from .table import format_table
@@ -209,6 +209,10 @@ def _why(entry: dict[str, Any], fence: dict[str, Any] | None) -> list[str]:
     # The server's own output (a traceback) is logged at info: -p err would hide it.
     output = f"the server's own output: journalctl -u {unit} -n 50"
     ended = entry.get("last_exit")
+    if said and f"timed out: {NOT_READY} " in said:
+        # wait-ready gave up and systemd stopped the server: its exit
+        # (status 15, SIGTERM) was that stop's, not the reason.
+        ended = "the ready timeout stopped it ([ready] timeout)"
     if crash_looping(sd):
         last = f"last try: {ended}" if ended else last_try(sd)
         why.append(f"crash loop: {sd.get('restarts', 0)} automatic restart(s), {last}; "

@@ -14,7 +14,8 @@ import re
 
 import pytest
 
-from .e2e_support import FAKE_TABLE, add_model, engine_toml, make_model_path, show, wait_until
+from .e2e_support import (FAKE_TABLE, add_model, engine_toml, make_model_path, model_toml,
+                          show, wait_until)
 
 pytestmark = pytest.mark.e2e
 
@@ -67,6 +68,28 @@ def test_a_crash_loop_is_named_with_its_restarts_and_last_exit(box) -> None:
     finally:
         box.sh("systemctl stop st-loop; systemctl reset-failed st-loop", check=False)
         _drop(box, "st-loop")
+
+
+def test_a_server_the_ready_timeout_stopped_is_said_so(box) -> None:
+    """wait-ready gives up (exit 3) and systemd's stop ends the server: status
+    says the ready timeout stopped it, not the stop's exit of the server."""
+    add_model(box, "st-slow", model_toml("st-slow", [5], 18436, load=600, ready_timeout="2s")
+              + 'Restart = "no"\n')
+    box.sh("systemctl daemon-reload")
+    try:
+        assert box.sh("systemctl start st-slow", check=False, timeout=120).returncode != 0
+
+        def said() -> list[str] | None:
+            done = box.sh("infer-units status --json st-slow", check=False)
+            [model] = json.loads(done.stdout)["models"]
+            return [w for w in model["why"] if "ready timeout" in w] or None
+        assert wait_until(said, 30), box.sh("infer-units status st-slow", check=False).stdout
+        [why] = said() or []
+        assert why.startswith("failed (last result exit-code, the ready timeout stopped it"), why
+        assert "no healthy answer within 2s" in why and "exit status 15" not in why, why
+    finally:
+        box.sh("systemctl stop st-slow; systemctl reset-failed st-slow", check=False)
+        _drop(box, "st-slow")
 
 
 def test_a_foreign_port_holder_refuses_at_once_and_the_exit_is_explained(box) -> None:

@@ -80,7 +80,7 @@ def _update(unit: str | None, change: dict[str, Any], add: dict[str, float]) -> 
 # `infer-units status --write-metrics` (infer-units-metrics.timer) or the
 # next passing liveness probe sees them risen: the hook that ends a start
 # runs as the model's user, who cannot write root's state.
-DOWN = {"up": 0, "ready": 0}
+DOWN = {"up": 0, "ready": 0, "draining": 0}
 
 
 def record_reap(unit: str | None, result: Any) -> None:
@@ -97,10 +97,10 @@ def record_refused(unit: str | None) -> None:
     _update(unit, {"refused": 1, **DOWN}, {"starts_refused_total": 1})
 
 
-def record_seen(unit: str, up: bool, ready: bool) -> None:
+def record_seen(unit: str, up: bool, ready: bool, draining: bool = False) -> None:
     """What `status --write-metrics` saw: the unit active, its own server
-    answering health."""
-    _update(unit, {"up": int(up), "ready": int(up and ready)}, {})
+    answering health, a stop draining its requests in flight."""
+    _update(unit, {"up": int(up), "ready": int(up and ready), "draining": int(draining)}, {})
 
 
 def record_checks_passed(unit: str | None) -> None:
@@ -142,6 +142,8 @@ _METRICS = (
                     "the start), 0 from a start, a refusal or a stop on."),
     ("ready", "gauge", "1 while the model's own server answers health (the last "
                        "look: metrics timer, liveness), 0 otherwise."),
+    ("draining", "gauge", "1 while a stop lets the server's requests in flight finish "
+                          "([stop] drain), 0 otherwise (as `status --write-metrics` saw it)."),
     ("refused", "gauge", "1 if the model's last start was refused by its start checks "
                          "(no automatic restart), 0 once a start passes them."),
     ("starts_refused_total", "counter", "Starts refused by the start checks."),
@@ -163,7 +165,7 @@ _METRICS = (
 
 # Written for every model with a state file (0 until seen otherwise): the
 # alert rules join on refused.
-EVERY_MODEL = ("up", "ready", "refused")
+EVERY_MODEL = ("up", "ready", "draining", "refused")
 
 
 # GPU health findings (health.py), per GPU: what pre-start and `doctor

@@ -9,6 +9,7 @@ import time
 from typing import Any
 
 from ...generator.build import load_all
+from ...generator.durations import format_seconds
 from ...generator.errors import one_line
 from ...generator.model import Model
 from ...generator.render import health_url
@@ -19,7 +20,7 @@ from ..act.canary import view as canary_view
 from ..act.liveness import cell as liveness_cell, view as liveness_view
 from ..act.metrics import METRICS_DIR_VAR, load_state, record_seen, write_textfile
 from ..act.ready import NOT_READY, probe
-from ..facts.systemd import SystemdUnavailable, unit_state
+from ..facts.systemd import SystemdUnavailable, UnitState, unit_state
 from .render import file_model_name
 from .table import format_table
 
@@ -221,6 +222,11 @@ def _why(entry: dict[str, Any], fence: dict[str, Any] | None) -> list[str]:
         last = f"last result {sd.get('result') or '?'}" + (f", {ended}" if ended else "")
         why.append(f"failed ({last if ended else last_try(sd)})"
                    + (f": {said}" if said else f"; {output}"))
+    drain = entry.get("draining")
+    if drain:
+        why.append(f"draining: stopping for {drain['since_s']:g}s; requests in flight may "
+                   f"finish within the [stop] drain of {format_seconds(drain['bound_s'])}, "
+                   "then the server is stopped")
     port = entry.get("port_view")
     if port and port["foreign"]:
         who = "; ".join(f"pid {p['pid']} ({p['comm']}, user {p['user']}, {p['where']}, "
@@ -290,6 +296,7 @@ def model_status(model: Model, fence: dict[str, Any] | None = None) -> dict[str,
         entry["main_rss_mib"] = _rss_mib(state.main_pid)
         entry["stale"] = stale(model, state.fragment_path, state.need_daemon_reload,
                                state.load_state)
+        entry["draining"] = draining(model, state)
     except SystemdUnavailable as e:
         entry["systemd"] = {"available": False, "error": str(e)}
     entry["gpu"] = _gpu_view(model)
@@ -320,6 +327,17 @@ def model_status(model: Model, fence: dict[str, Any] | None = None) -> dict[str,
         entry["last_exit"] = systemd_last_exit(model.unit_name)
     entry["why"] = _why(entry, fence)
     return entry
+
+
+def draining(model: Model, state: UnitState) -> dict[str, float] | None:
+    """A stop whose server has its SIGTERM and the model's drain window
+    (requests in flight finish, new ones are not the server's to take):
+    seconds since the stop began, and the drain's bound.  None otherwise."""
+    if model.drain <= 0 or state.active_state != "deactivating" or \
+            state.sub_state not in ("stop-sigterm", "stop") or not state.active_exit_us:
+        return None
+    return {"since_s": round(max(0.0, time.time() - state.active_exit_us / 1e6), 1),
+            "bound_s": model.drain}
 
 
 def _nodes_view(model: Model, entry: dict[str, Any]) -> dict[str, Any]:
@@ -387,7 +405,7 @@ def write_metrics(report: dict[str, Any]) -> None:
         if sd["available"]:
             health = m["health"]
             record_seen(m["unit"], sd.get("active_state") == "active",
-                        bool(health and health["ok"]))
+                        bool(health and health["ok"]), bool(m.get("draining")))
     try:
         write_textfile(directories)
     except OSError as e:
@@ -412,7 +430,6 @@ def unknown_names(names: list[str], loaded: Any) -> list[str]:
 
 
 def _age(seconds: float | None) -> str:
-    from ...generator.durations import format_seconds
     return "-" if seconds is None else format_seconds(seconds, "about")
 
 
@@ -424,6 +441,8 @@ def table(report: dict[str, Any]) -> str:
         sd = m["systemd"]
         if sd["available"]:
             state = f"{sd['active_state']}/{sd['sub_state']}"
+            if m.get("draining"):
+                state = "draining"
             pid, restarts = str(sd["main_pid"] or "-"), str(sd["restarts"])
         else:
             state, pid, restarts = "systemd unavailable", "-", "-"

@@ -135,6 +135,7 @@ class UnitState:
     invocation_id: str = ""         # the current (or last) run's, as journald records it
     fragment_path: str = ""         # the unit file systemd loaded (the generator's output)
     need_daemon_reload: bool = False
+    active_exit_us: int = 0         # realtime µs the unit last left active (a stop began)
 
     def as_json(self) -> dict[str, Any]:
         return {"name": self.name, "load_state": self.load_state,
@@ -161,7 +162,8 @@ def unit_state(name: str) -> UnitState:
         exec_main_code=int(service("ExecMainCode", "i")),
         invocation_id=bytes(unit("InvocationID", "ay")).hex(),
         fragment_path=_s(unit("FragmentPath")),
-        need_daemon_reload=bool(unit("NeedDaemonReload", "b")))
+        need_daemon_reload=bool(unit("NeedDaemonReload", "b")),
+        active_exit_us=int(unit("ActiveExitTimestamp", "t")))
 
 
 def slice_path(slice_name: str) -> str:

@@ -366,10 +366,12 @@ def test_a_user_without_an_account_is_named_by_check_and_by_the_crash_loop(box) 
         _drop(box, name)
 
 
-def _series(box, directory: str, unit: str) -> dict[str, str]:
+def _series(box, directory: str, unit: str, *also: str) -> dict[str, str]:
+    """The model's up and `also` series, or with none asked its up, ready and refused."""
+    names = "|".join(("up", *also) if also else ("up", "ready", "refused"))
     text = box.sh(f"cat {directory}/infer-units.prom", check=False).stdout
     return {m.group(1): m.group(2) for m in
-            re.finditer(rf'^infer_units_(up|ready|refused){{unit="{re.escape(unit)}"}} (\S+)$',
+            re.finditer(rf'^infer_units_({names}){{unit="{re.escape(unit)}"}} (\S+)$',
                         text, re.M)}
 
 
@@ -400,6 +402,43 @@ def test_up_and_ready_series_follow_the_unit_from_refusal_to_serving_to_stopped(
         assert _series(box, metrics, unit) == {"up": "0", "ready": "0", "refused": "0"}
         assert show(box, "infer-units-metrics.timer", "UnitFileState")["UnitFileState"] \
             == "disabled"
+    finally:
+        box.sh(f"systemctl stop {name}; systemctl reset-failed {name}", check=False)
+        _drop(box, name)
+        box.sh(f"rm -rf {metrics}", check=False)
+
+
+def test_a_stop_that_drains_is_shown_draining_until_the_server_is_gone(box) -> None:
+    """Between the stop's SIGTERM and the server's exit, within [stop] drain,
+    the model is draining: `status` says so (STATE, why, --json) and so do
+    the metrics; once stopped, nothing says draining."""
+    metrics, name = "/var/lib/st-drain-metrics", "st-draining"
+    box.sh(f"install -d -m 0755 {metrics}")
+    add_model(box, name, engine_toml(name, "sglang", [3], 18411, env={
+        "FAKE_DRAIN_S": "20", "INFER_UNITS_METRICS_DIR": metrics}))
+    unit = f"{name}.service"
+    box.sh(f"systemctl daemon-reload && systemctl start {name}", timeout=120)
+
+    def seen() -> dict | None:
+        done = box.sh(f"infer-units status --json {name}", check=False)
+        [model] = json.loads(done.stdout)["models"]
+        return model if model["draining"] else None
+    try:
+        box.sh(f"systemctl stop --no-block {name}")
+        assert wait_until(seen, 30), box.sh(f"infer-units status {name}", check=False).stdout
+        model = seen()
+        assert model is not None and model["draining"]["bound_s"] == 30.0, model
+        assert any(w.startswith("draining: stopping for ") and "[stop] drain of 30s" in w
+                   for w in model["why"]), model["why"]
+        table = box.sh(f"infer-units status {name}", check=False)
+        assert table.returncode == 0 and table.stdout.splitlines()[1].split()[1] == "draining", \
+            table.stdout
+        box.sh("infer-units status --write-metrics >/dev/null", check=False)
+        assert _series(box, metrics, unit, "draining") == {"up": "0", "draining": "1"}
+        assert wait_until(lambda: show(box, unit, "ActiveState")["ActiveState"] == "inactive",
+                          120)
+        assert seen() is None
+        assert _series(box, metrics, unit, "draining") == {"up": "0", "draining": "0"}
     finally:
         box.sh(f"systemctl stop {name}; systemctl reset-failed {name}", check=False)
         _drop(box, name)

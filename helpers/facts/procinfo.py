@@ -174,14 +174,11 @@ def _uids(pid: int) -> tuple[int, int] | None:
     return found
 
 
-def _user(pid: int) -> str:
-    uids = _uids(pid)
-    if uids is None:
-        return "?"
+def _user(uid: int) -> str:
     try:
-        return pwd.getpwuid(uids[0]).pw_name
+        return pwd.getpwuid(uid).pw_name
     except KeyError:
-        return str(uids[0])
+        return str(uid)
 
 
 def read_proc(pid: int) -> ProcInfo | None:
@@ -196,12 +193,13 @@ def read_proc(pid: int) -> ProcInfo | None:
         comm = one_line((_read(f"/proc/{pid}/comm") or "?").removesuffix("\n"))
         raw_cmd = _read(f"/proc/{pid}/cmdline") or ""
         cgroup = read_cgroup(pid)
+        uids = _uids(pid)       # in the window too: read after it, a dying process had "?"
         again = read_stat(pid)
         if again is None:
             return None
-        if again[2] == stat[2] and cgroup:
+        if again[2] == stat[2] and cgroup and uids is not None:
             break
-        # A new process under the pid, or the cgroup unreadable: look again.
+        # A new process under the pid, or its cgroup or uid unreadable: look again.
     else:
         return None
     state, ppid, start_time = again
@@ -218,7 +216,7 @@ def read_proc(pid: int) -> ProcInfo | None:
     return ProcInfo(pid=pid, ppid=ppid, comm=comm,
                     exe_name=one_line(os.path.basename(argv[0])) if argv else comm,
                     cmdline=one_line(" ".join(argv)) if argv else f"[{comm}]",
-                    user=_user(pid), state=state, start_time=start_time,
+                    user=_user(uids[0]), state=state, start_time=start_time,
                     cgroup=one_line(cgroup), unit=unit_of_cgroup(cgroup),
                     container=container_of_cgroup(cgroup), exited=exited,
                     root_exe=root_exe_name(pid))

@@ -39,6 +39,11 @@ def test_a_build_without_nvml_says_so_last_and_records_it(tmp_path: Path) -> Non
         files = subprocess.run(["dpkg-deb", "-c", str(deb)], check=True, capture_output=True,
                                text=True).stdout
         assert "_vendor/pynvml.py" not in files
+        # lintian has nothing to say (its overrides say why, where a rule is
+        # deliberately not followed).
+        lint = subprocess.run(["lintian", "--allow-root", str(deb)], capture_output=True,
+                              text=True, timeout=600)
+        assert lint.returncode == 0 and lint.stdout.strip() == "", lint.stdout + lint.stderr
     finally:
         if deb is not None:
             deb.unlink(missing_ok=True)

@@ -219,6 +219,10 @@ def test_purge_leaves_no_dangling_link(box) -> None:
     # links deb-systemd-helper never recorded
     box.sh("systemctl enable infer-units.target && systemctl add-wants graphical.target infer-units.target")
     start(box, "keeper")
+    # the group started, and a template unit's instance run (its slice made)
+    box.sh("systemctl start infer-units.target; "
+           "systemctl start infer-units-liveness@keeper.service || true; "
+           "systemctl reset-failed infer-units-liveness@keeper.service || true")
     box.sh("test -L /etc/systemd/system/multi-user.target.wants/infer-units.target && "
            "test -L /etc/systemd/system/graphical.target.wants/infer-units.target")
     box.sh(f"{APT} purge infer-units", timeout=600, net=True)
@@ -226,6 +230,11 @@ def test_purge_leaves_no_dangling_link(box) -> None:
     box.sh("systemctl daemon-reload")
     assert show(box, "infer-units.target", "LoadState")["LoadState"] == "not-found"
     assert show(box, "keeper.service", "LoadState")["LoadState"] == "not-found"
+    # nothing of the package stays loaded until a reboot (an active unit
+    # whose file is gone stays loaded): the target, the template units' slices
+    left = box.sh("systemctl list-units --all --plain --no-legend 'infer-units.target' "
+                  "'system-infer*'").stdout
+    assert left.strip() == "", left
     # the operator's model files are theirs, not the package's
     box.sh("test -f /etc/infer-units/keeper.toml && test -f /etc/infer-units/sleeper.toml")
 
@@ -252,6 +261,8 @@ def test_upgrade_from_generated_liveness_companions_leaves_none_behind(
     stale = box.sh("systemctl list-units --all --plain --no-legend 'lvup-liveness.*'").stdout
     assert "lvup-liveness" not in stale, stale
     assert show(box, "infer-units-liveness@lvup.timer", "ActiveState")["ActiveState"] == "active"
-    assert box.sh("ls /run/systemd/generator | grep -c lvup").stdout.strip() == "1"
+    # the model's unit and its probe's drop-in, no generated companion
+    assert box.sh("ls /run/systemd/generator | grep lvup").stdout.split() == \
+        ["infer-units-liveness@lvup.service.d", "lvup.service"]
     box.sh("systemctl stop lvup")
     box.sh("rm -f /etc/infer-units/lvup.toml && systemctl daemon-reload")

@@ -409,6 +409,13 @@ def check_section(value: Any, section: str) -> dict[str, list[str]]:
                              f"[{section.capitalize()}]: put it under [{home}]")
         if section == "service" and name in _SERVICE_REFUSED:
             raise ValueError(f"{name}: {_SERVICE_REFUSED[name]}")
+        if section == "service" and name == "KillSignal" and \
+                out[name][-1].strip().upper().removeprefix("SIG") in ("KILL", "9"):
+            raise ValueError(
+                "KillSignal: SIGKILL also ends a pre-start that refuses the start, as a "
+                "success, so the refused model would look stopped on purpose; a server "
+                "SIGTERM cannot stop is SIGKILLed by the unit's ExecStop (llama.cpp), and "
+                "[stop] drain = \"0s\" cuts requests in flight")
     return out
 
 

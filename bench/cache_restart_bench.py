@@ -52,6 +52,15 @@ def cache_contents(box: RealBox) -> dict[str, list[int]]:
     return {d: [int(n), int(k)] for d, n, k in (line.split() for line in out.splitlines())}
 
 
+def compile_lines(box: RealBox) -> list[str]:
+    """What vLLM said of torch.compile in the unit's last start (compiled, or
+    loaded from its cache, and how long each took)."""
+    out = box.c.sh(f"id=$(systemctl show -p InvocationID --value {UNIT}); "
+                   "journalctl -o cat _SYSTEMD_INVOCATION_ID=$id | "
+                   "grep -iE 'compil|cache' || true", check=False).stdout
+    return [line.strip()[-200:] for line in out.splitlines()][:20]
+
+
 def timed_start(box: RealBox, wipe: bool) -> float:
     c = box.c
     c.sh(f"systemctl stop {UNIT}; systemctl reset-failed {UNIT} 2>/dev/null || true",
@@ -83,11 +92,13 @@ def main() -> int:
         box.add(UNIT, box.vllm_toml(PORT, [0]))
         samples["first_start_s"] = timed_start(box, wipe=True)
         samples["cache_after_first_start"] = cache_contents(box)
+        samples["log_first_start"] = compile_lines(box)
         for run in range(a.runs):
             order = (False, True) if run % 2 == 0 else (True, False)
             for wipe in order:
                 took = timed_start(box, wipe)
                 samples["wiped_s" if wipe else "kept_s"].append(round(took, 3))  # type: ignore[union-attr]
+                samples[f"log_run{run + 1}_{'wiped' if wipe else 'kept'}"] = compile_lines(box)
             print(f"run {run + 1}: {json.dumps(samples)}", file=sys.stderr, flush=True)
         samples["cache_after_last_start"] = cache_contents(box)
     finally:

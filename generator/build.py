@@ -77,12 +77,13 @@ def load_all(names: list[str] | None = None, dirs: list[str] | None = None) -> L
         try:
             loaded.models.append(build_model(load_model(name, path, model_dirs[name])))
         except Exception as e:      # noqa: BLE001 - one file never takes the others down
-            error = as_config_error(path, e)
-            if _name_of(error.path) != name:
-                # A host-wide defaults file: the same line for every model, so say whose.
-                error = ConfigError(error.path, error.key, f"{error.reason} (model {name})")
-            error.model = name
-            loaded.errors.append(error)
+            first = as_config_error(path, e)
+            for error in [first, *first.also]:      # every error the file has, each named
+                if _name_of(error.path) != name:
+                    # A host-wide defaults file: the same line for every model, so say whose.
+                    error = ConfigError(error.path, error.key, f"{error.reason} (model {name})")
+                error.model = name
+                loaded.errors.append(error)
     try:
         loaded.conflicts = find_conflicts(loaded.models)
     except Exception as e:          # noqa: BLE001

@@ -29,6 +29,9 @@ class ConfigError(Exception):
         self.reason = reason
         self.model: str | None = None     # the model refused, when path is not its own
         self.other: str | None = None     # a clash: the other model involved
+        # The file's other errors, found in the same pass (build_model checks
+        # every key before it stops): `check` reports them all at once.
+        self.also: list[ConfigError] = []
         super().__init__(str(self))
 
     def __str__(self) -> str:

@@ -7,16 +7,17 @@ liveness is still ONE generated file:
                                         active (After=, Requisite=), stopped and
                                         restarted with it (PartOf=)
   infer-units-liveness@<name>.service   Type=oneshot: one `infer-units
-                                        liveness-probe --model <name>` run, which
-                                        reads the model's [liveness] itself
+                                        liveness-probe` run, its whole command in
+                                        the generator's drop-in
   infer-units-group@<name>.service      multi-node models only: watches the
                                         group's connections, restarts a rank
                                         left behind (helpers/act/groupwatch.py)
 
 The model's own unit Wants= them and carries the ExecStopPost= that leaves it
-failed at the restart cap (generator/render.py).  A drop-in is written only
-for what the templates cannot know: an interval other than the default, a
-probe that may take longer than the template allows.  The instance is the
+failed at the restart cap (generator/render.py).  Drop-ins carry what the
+templates cannot know: the probe's and the watch's whole commands (no hook
+reads a model file: what systemd loaded is what runs), an interval other
+than the default, a probe that may take longer than the template allows.  The instance is the
 model's name, so no model's name can collide with another's companions.
 
 The probe (helpers/act/liveness.py) decides, counts and restarts; the model layer (generator/model.py) builds a Liveness; rendering the lines

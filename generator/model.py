@@ -95,29 +95,36 @@ class Model:
         return ",".join(str(g) for g in self.gpus)
 
 
-def _flatten(data: dict[str, Any], merged: MergedConfig) -> dict[str, Any]:
-    """Dotted keys for the fixed tables; free-form tables stay whole."""
+def _flatten(data: dict[str, Any], merged: MergedConfig,
+             errors: list[ConfigError]) -> dict[str, Any]:
+    """Dotted keys for the fixed tables; free-form tables stay whole.  A key
+    that is not one is added to `errors`, and the others still read."""
     flat: dict[str, Any] = {}
     for key, value in data.items():
         if key not in _TABLES:
             if "." in key or key not in _TOP_LEVEL:
                 # (A quoted top-level "reap.timeout" is not [reap] timeout.)
-                raise ConfigError(merged.file_of(key), key, unknown_key(key, _TOP_LEVEL))
+                errors.append(ConfigError(merged.file_of(key), key,
+                                          unknown_key(key, _TOP_LEVEL)))
+                continue
             flat[key] = value
         elif key == "nccl":
             if not isinstance(value, dict):
-                raise ConfigError(merged.file_of(key), key, "expected a table")
+                errors.append(ConfigError(merged.file_of(key), key, "expected a table"))
+                continue
             for sub, subvalue in value.items():
                 flat[f"nccl.{sub}"] = subvalue
         else:
             if not isinstance(value, dict):
-                raise ConfigError(merged.file_of(key), key, "expected a table")
+                errors.append(ConfigError(merged.file_of(key), key, "expected a table"))
+                continue
             for sub, subvalue in value.items():
                 dotted = f"{key}.{sub}"
                 if dotted not in BY_KEY:
                     known = [k.split(".", 1)[1] for k in BY_KEY if k.startswith(key + ".")]
-                    raise ConfigError(merged.file_of(dotted), dotted, unknown_key(
-                        sub, known, f" (known in [{key}]: {', '.join(known)})"))
+                    errors.append(ConfigError(merged.file_of(dotted), dotted, unknown_key(
+                        sub, known, f" (known in [{key}]: {', '.join(known)})")))
+                    continue
                 flat[dotted] = subvalue
     return flat
 
@@ -143,7 +150,9 @@ def _nccl_name(key: str) -> str:
 
 def build_model(merged: MergedConfig) -> Model:
     _check_path(merged.main_path)
-    flat = _flatten(merged.data, merged)
+    # Every key is checked before the file is refused: all its errors at once.
+    errors: list[ConfigError] = []
+    flat = _flatten(merged.data, merged, errors)
     # Every setting's default (shared objects, as always), then what the files set, checked.
     values = dict(_DEFAULTS)
     nccl_env: dict[str, str] = {}
@@ -153,7 +162,7 @@ def build_model(merged: MergedConfig) -> Model:
             try:
                 values[key] = setting.check(raw)
             except ValueError as e:
-                raise ConfigError(merged.file_of(key), key, str(e)) from None
+                errors.append(ConfigError(merged.file_of(key), key, str(e)))
         elif key.startswith("nccl."):       # any NCCL variable (nccl.p2p is a setting)
             try:
                 name = _nccl_name(key[5:])
@@ -162,9 +171,13 @@ def build_model(merged: MergedConfig) -> Model:
                                      "variable name (letters, digits, '_', '-')")
                 nccl_env[name] = scalar_text(raw, key)
             except ValueError as e:
-                raise ConfigError(merged.file_of(key), key, str(e)) from None
+                errors.append(ConfigError(merged.file_of(key), key, str(e)))
         else:
-            raise ConfigError(merged.file_of(key), key, unknown_key(key, _TOP_LEVEL))
+            errors.append(ConfigError(merged.file_of(key), key, unknown_key(key, _TOP_LEVEL)))
+    if errors:
+        # The checks across keys need valid values: they wait for these.
+        errors[0].also = errors[1:]
+        raise errors[0]
     _cross_check(values, merged)
     spec = ENGINE_SPECS[values["engine"]]
     nodes = None

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import json
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -10,7 +11,7 @@ from typing import TYPE_CHECKING
 
 from .. import __version__
 from .durations import format_seconds, parse_duration
-from .engines import ENGINE_SPECS
+from .engines import ENGINE_SPECS, flag_value
 from .liveness import (DEFAULT_INTERVAL_S, DROPIN, PROBE_MARGIN_S, TEMPLATE_PROBE_TIMEOUT_S,
                        accuracy, cap_marker, group_watch_name, probe_name, state_dir,
                        timer_name)
@@ -22,6 +23,7 @@ from .systemd_quote import (comment_text, environment_assignments, exec_line, ex
 
 # the CLI the hooks call, the runtime and cache directories (generator/paths.py)
 from .paths import CACHE_DIR, DEB_CLI, HOOK_CLI, RUN_DIR
+from .urls import parse_url
 
 if TYPE_CHECKING:
     import jinja2
@@ -454,22 +456,81 @@ def _liveness(m: Model, url: str | None) -> tuple[str, str]:
     return "\n".join(f"Wants={w}" for w in wants), "ExecStopPost=+" + cap
 
 
-def liveness_dropins(m: Model) -> list[RenderedUnit]:
-    """What the shipped templates cannot know about this model: its interval
-    (the timer's is 30s) and a probe timeout beyond the probe service's."""
+def _generation_probe(m: Model, url: str) -> tuple[str, str] | None:
+    """(URL, JSON body) of the one-token completion liveness posts when the
+    model's `[liveness] probe` is "generate" (vLLM's default: its /health reads
+    a flag, vllm#36960), else None.  A multi-node worker probes its head's
+    health instead.  The name asked for is the one the server serves."""
+    if m.liveness is None or m.liveness.probe != "generate" or m.is_worker or m.port is None:
+        return None
+    spec = ENGINE_SPECS[m.engine]
+    name = (flag_value(m.args, spec.model_name_flag) if spec.model_name_flag else None) \
+        or m.model or ""
+    return (parse_url(url).with_target("/v1/completions").text(),
+            json.dumps({"model": name, "prompt": "1", "max_tokens": 1, "temperature": 0}))
+
+
+def _hook_settings(m: Model) -> str:
+    """Environment= of the model's INFER_UNITS_* [env] settings for its
+    companion units: the hooks keep of them what hooks' environment rule
+    allows (helpers/hookenv.py), as they do in the model's own unit."""
+    env = {k: v for k, v in m.env.items()
+           if k.startswith("INFER_UNITS_") and k != "INFER_UNITS_FAKE_GPUS"}
+    return "\n".join("Environment=" + text for text in environment_assignments(env))
+
+
+def liveness_argv(m: Model, url: str) -> list[str]:
+    """The probe's whole command: every setting it needs, as the model's
+    unit was generated (the probe reads no model file)."""
     live = m.liveness
-    if live is None or health_url(m) is None:
+    assert live is not None
+    argv = [HOOK_CLI, "liveness-probe", "--unit", m.unit_name, "--url", url,
+            "--interval", format_seconds(live.interval), "--failures", str(live.failures),
+            "--timeout", format_seconds(live.timeout),
+            "--max-restarts", str(live.max_restarts),
+            "--restart-window", format_seconds(live.restart_window)]
+    generate = _generation_probe(m, url)
+    if generate is not None:
+        argv[5] = generate[0]
+        argv += ["--post", generate[1]]
+    return argv
+
+
+def group_watch_argv(m: Model) -> list[str]:
+    """The group watch's whole command (it reads no model file)."""
+    nodes, live = m.nodes, m.liveness
+    assert nodes is not None and live is not None
+    return [HOOK_CLI, "group-watch", "--unit", m.unit_name, "--user", m.user or "root",
+            "--hosts", ",".join(nodes.hosts), "--rank", str(nodes.rank),
+            "--rendezvous", nodes.addr,
+            "--max-restarts", str(live.max_restarts),
+            "--restart-window", format_seconds(live.restart_window)]
+
+
+def liveness_dropins(m: Model) -> list[RenderedUnit]:
+    """The model's settings for the shipped templates: the probe's and the
+    group watch's commands and hook settings, the timer's interval where it
+    is not the template's, and a probe timeout beyond the probe service's."""
+    live, url = m.liveness, health_url(m)
+    if live is None or url is None:
         return []
+    settings = _hook_settings(m)
     units = []
     if live.interval != DEFAULT_INTERVAL_S:
         every = format_seconds(live.interval)
         units.append(RenderedUnit(f"{timer_name(m.name)}.d/{DROPIN}", fill("liveness-timer", {
             "version": __version__, "unit": m.unit_name, "interval": every,
             "accuracy": format_seconds(accuracy(live.interval))}), ()))
-    if live.timeout + PROBE_MARGIN_S > TEMPLATE_PROBE_TIMEOUT_S:
-        units.append(RenderedUnit(f"{probe_name(m.name)}.d/{DROPIN}", fill("liveness-service", {
-            "version": __version__, "unit": m.unit_name,
-            "timeout_start": format_seconds(live.timeout + PROBE_MARGIN_S)}), ()))
+    timeout = live.timeout + PROBE_MARGIN_S
+    units.append(RenderedUnit(f"{probe_name(m.name)}.d/{DROPIN}", fill("liveness-service", {
+        "version": __version__, "unit": m.unit_name, "environment": settings,
+        "exec_start": exec_line(liveness_argv(m, url)),
+        "timeout_start": format_seconds(timeout) if timeout > TEMPLATE_PROBE_TIMEOUT_S else ""}),
+        ()))
+    if m.nodes is not None:
+        units.append(RenderedUnit(f"{group_watch_name(m.name)}.d/{DROPIN}", fill("group-service", {
+            "version": __version__, "unit": m.unit_name, "environment": settings,
+            "exec_start": exec_line(group_watch_argv(m))}), ()))
     return units
 
 

@@ -648,8 +648,10 @@ def reference_markdown() -> str:
             default = ""
         elif s.check is check_duration:
             default = f'"{format_seconds(s.default)}"'
-        else:
+        elif isinstance(s.default, str):
             default = f'"{s.default}"'
+        else:
+            default = str(s.default)        # as a file writes it: failures = 4
 
         lines.append(f"| `{s.key}` | {default} | {s.help} |")
     lines.append("| `nccl.<name>` | | Any other NCCL variable: `socket-ifname` or `NCCL_SOCKET_IFNAME`. |")

@@ -85,7 +85,7 @@ def hook_environment(environ: dict[str, str], testing: bool | None = None) -> di
 
 def hook_settings(env: dict[str, str], testing: bool | None = None) -> dict[str, str]:
     """Of a model's [env], what a hook reading the model file itself may take
-    (liveness-probe --model): the same rule as for its environment."""
+    (`infer-units canary NAME`): the same rule as for its environment."""
     if testing is None:
         testing = test_mode()
     return {k: v for k, v in env.items()

@@ -49,11 +49,18 @@ def _default(ctx: click.Context, opt: click.Option) -> str:
 
 def _option(ctx: click.Context, opt: click.Option) -> OptionDoc:
     flags = ", ".join(opt.opts)
+    default = _default(ctx, opt)
+    if opt.is_flag and opt.secondary_opts:
+        # An on/off pair ("--verify/--no-verify"): both spellings, and which
+        # one is the default, as --help says it ("verify").
+        flags += " / " + ", ".join(opt.secondary_opts)
+        on = opt.opts if opt.get_default(ctx, call=False) else opt.secondary_opts
+        default = on[0].lstrip("-")
     if not opt.is_flag:
         make_metavar: Callable[..., str] = opt.make_metavar      # its signature: see _needs_ctx
         flags += " " + (make_metavar(ctx) if _needs_ctx(opt) else make_metavar())
     text = " ".join((opt.help or "").split())
-    return OptionDoc(flags, text, _default(ctx, opt))
+    return OptionDoc(flags, text, default)
 
 
 def _needs_ctx(opt: click.Option) -> bool:

@@ -11,6 +11,11 @@ line writes (P2P off, with its environment too).  Each argv then runs in the
 engine's venv through tools/engine_probe.py, which starts the unit's real
 entry and stops it once its parser and configuration are done.
 
+The engines' venvs: $INFER_UNITS_ENGINE_VENVS or --venvs when given (a
+folder holding sglang/ and vllm/), else the cache that `tools/engines/build
+parsers` fills under /var/cache/infer-units-engines (keyed by the pins in
+tools/engine-venvs/*.txt), built here first when missing.
+
 Exit status: 0 every argv accepted, 1 some argv rejected (or parsed against
 what the unit means), 2 the check could not run (no venv, render failed).
 """
@@ -35,7 +40,7 @@ TOOLS = Path(__file__).resolve().parent
 PROBE = TOOLS / "engine_probe.py"
 MARK = "@@infer-units-probe@@"
 ENGINES = ("sglang", "vllm")
-DEFAULT_VENVS = "/var/tmp/infer-units-engines"
+BUILD = TOOLS / "engines" / "build"
 # The engines' wheels pin a CUDA torch of several GB; their parsers import
 # torch but run on any build, and 2.13.0 is the CPU wheel this machine has.
 TORCH = "torch==2.13.0"
@@ -226,6 +231,14 @@ def git_head(tree: Path) -> str:
     return (done.stdout.strip()[:72] or "not a git tree") + (" (+ uncommitted changes)" if dirty else "")
 
 
+def built_venvs() -> Path:
+    """The pinned venvs' cache, built (niced: a shared machine) when missing."""
+    subprocess.run(["nice", "-n", "10", sys.executable, str(BUILD), "parsers"], check=True)
+    done = subprocess.run([sys.executable, str(BUILD), "--print-paths"], capture_output=True,
+                          text=True, check=True)
+    return Path(json.loads(done.stdout)["parsers"])
+
+
 def setup(venvs: Path, python: str) -> int:
     for engine in ENGINES:
         target = venvs / engine
@@ -239,7 +252,12 @@ def setup(venvs: Path, python: str) -> int:
 
 
 def check(args: argparse.Namespace) -> int:
-    tree, venvs = Path(args.tree).resolve(), Path(args.venvs)
+    tree = Path(args.tree).resolve()
+    try:
+        venvs = Path(args.venvs) if args.venvs else built_venvs()
+    except subprocess.CalledProcessError as e:
+        print(f"check-engine-parsers: building the venvs failed: {e}", file=sys.stderr)
+        return 2
     missing = [e for e in ENGINES if not venv_python(venvs, e).exists()]
     if missing:
         print(f"check-engine-parsers: no venv for {', '.join(missing)} under {venvs}: "
@@ -328,12 +346,15 @@ def main() -> int:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--tree", default=str(TOOLS.parent),
                    help="checkout whose tests/cases and tests/golden are checked (read only)")
-    p.add_argument("--venvs", default=os.environ.get("INFER_UNITS_ENGINE_VENVS", DEFAULT_VENVS),
-                   help="folder holding sglang/ and vllm/ venvs "
-                        "(default $INFER_UNITS_ENGINE_VENVS or %(default)s)")
+    p.add_argument("--venvs", default=os.environ.get("INFER_UNITS_ENGINE_VENVS") or None,
+                   help="folder holding sglang/ and vllm/ venvs (default "
+                        "$INFER_UNITS_ENGINE_VENVS, else the cache `tools/engines/build "
+                        "parsers` fills, built when missing)")
     p.add_argument("--setup", action="store_true",
-                   help="(re)build the venvs from tools/engine-venvs/*.txt, then exit")
-    p.add_argument("--python", default="python3", help="interpreter for --setup's venvs")
+                   help="build the venvs from tools/engine-venvs/*.txt, then exit: the "
+                        "cache (a no-op when there), or with --venvs (re)built in that folder")
+    p.add_argument("--python", default="python3",
+                   help="interpreter for --setup's venvs in a --venvs folder")
     p.add_argument("--var", action="append", default=[], metavar="NAME=VALUE",
                    help="off value for a $NAME the env file sets (default for "
                         f"{P2P_VAR}: the unit's --p2p-off-args)")
@@ -345,7 +366,10 @@ def main() -> int:
     if any("=" not in v for v in args.var):
         p.error("--var takes NAME=VALUE")
     if args.setup:
-        return setup(Path(args.venvs), args.python)
+        if args.venvs:
+            return setup(Path(args.venvs), args.python)
+        print(f"setup: {built_venvs()}")
+        return 0
     return check(args)
 
 

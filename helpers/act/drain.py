@@ -113,10 +113,36 @@ def plan(active_state: str, job_type: str, left_after_fence: bool) -> tuple[bool
     return True, True
 
 
-def _plan_units(fenced_since: float) -> tuple[list[str], list[str]]:
-    """(units to stop, units resume starts) from one listing of systemd's units."""
+def plan_lines(down: set[str], stop: list[str], again: list[str], already: list[str],
+               dry_run: bool) -> list[str]:
+    """What drain says of its plan, true of each unit: the units it stops
+    (a down one only has its queued start cancelled), those an earlier
+    drain stopped (a second drain finds them down, or unloaded), and those that
+    left active after the fence went up."""
+    lines = []
+    earlier = [u for u in already if u not in stop]
+    if earlier:
+        # (systemd may have unloaded them since: they need not be listed now)
+        lines.append("already drained (an earlier drain stopped them): "
+                     + ", ".join(earlier) + "; resume starts them")
+    for unit in again:
+        if unit not in stop and unit not in already:
+            lines.append(f"{unit} left active after the fence went up: resume starts it")
+    running = [u for u in stop if u not in down]
+    queued = [u for u in stop if u in down]
+    if running:
+        lines.append(("would stop " if dry_run else "stopping ") + ", ".join(running))
+    if queued:
+        lines.append(("would cancel" if dry_run else "cancelling")
+                     + " the queued start of " + ", ".join(queued))
+    return lines
+
+
+def _plan_units(fenced_since: float) -> tuple[list[str], list[str], set[str]]:
+    """(units to stop, units resume starts, those of either that are down)
+    from one listing of systemd's units."""
     from ..facts.systemd import left_active_at_us, list_units_with_jobs
-    stop, record = [], []
+    stop, record, down = [], [], set()
     for u in list_units_with_jobs(["*.service"]):
         if not is_infer_units_service(u.name):
             continue
@@ -128,7 +154,9 @@ def _plan_units(fenced_since: float) -> tuple[list[str], list[str]]:
             stop.append(u.name)
         if again:
             record.append(u.name)
-    return stop, record
+        if u.active_state in DOWN:
+            down.add(u.name)
+    return stop, record, down
 
 
 def drain(timeout: float, term_grace: float, ignore: tuple[str, ...],
@@ -155,17 +183,16 @@ def drain(timeout: float, term_grace: float, ignore: tuple[str, ...],
             _log(f"cannot fence starts at {fence.path()}: {e.strerror or e}; nothing stopped")
             return done(exitcodes.CONFIG_ERROR)
     try:
-        services, again = _plan_units(since)
+        already = fence.merged([])      # what an earlier drain stopped (a second drain)
+        services, again, down = _plan_units(since)
         report["stop"] = services
         if dry_run:
             report["fence"]["stopped"] = fence.merged(again)
         else:
             report["fence"]["stopped"] = fence.write(again)["stopped"]
-        for unit in again:
-            if unit not in services:
-                _log(f"{unit} left active after the fence went up: resume starts it")
+        for line in plan_lines(down, services, again, already, dry_run):
+            _log(line)
         if services:
-            _log(("would stop " if dry_run else "stopping ") + ", ".join(services))
             if not dry_run:
                 report["not_stopped"] = left = stop_units(services, timeout)
                 if left:

@@ -1,4 +1,5 @@
-"""`infer-units group-watch --model NAME`: run by infer-units-group@NAME.service
+"""`infer-units group-watch`: run by infer-units-group@NAME.service (its argv,
+every setting, from the generator's drop-in)
 next to an active rank of a multi-node model; restarts this rank through
 systemd the moment the group it belongs to is broken.
 
@@ -41,8 +42,12 @@ import os
 import pwd
 import socket
 import time
-
+from dataclasses import dataclass
 from typing import Any
+
+from ...generator.liveness import state_dir
+from ...generator.nodes import Nodes
+from .liveness import load_state, restart_or_cap, state_lock, state_path
 
 POLL_S = 1.0
 ESTABLISHED = "01"
@@ -138,22 +143,30 @@ class Watch:
         self.missing_since.clear()
 
 
-def restart_counted(model: Any, state: Any, why: str, systemd: Any,
+@dataclass(frozen=True)
+class Watched:
+    """What the watch knows of its model: all of it from its unit's argv."""
+    unit: str
+    user: str
+    nodes: Nodes
+    max_restarts: int
+    restart_window: float
+
+
+def restart_counted(model: Watched, state: Any, why: str, systemd: Any,
                     now: float | None = None) -> bool:
     """Restart the model through systemd, counted with liveness' restarts
     in its state file (liveness.restart_or_cap: counted and saved before
     systemd is asked, since the restart stops this watch at once, PartOf=);
     at [liveness] max-restarts within restart-window, stop it and leave it
     failed instead.  True when systemd took the job."""
-    from ...generator.liveness import state_dir
-    from .liveness import load_state, restart_or_cap, state_lock, state_path
-    unit, live = model.unit_name, model.liveness
-    directory = state_dir({**os.environ, **model.env})
+    unit = model.unit
+    directory = state_dir(dict(os.environ))
     why = f"{why} (no engine lets a rank rejoin a running group; group watch)"
     with state_lock(unit, directory):
         saved = load_state(state_path(unit, directory))
         return restart_or_cap(unit, directory, saved, time.time() if now is None else now, why,
-                              live.max_restarts, live.restart_window, state.invocation,
+                              model.max_restarts, model.restart_window, state.invocation,
                               systemd) is not None
 
 
@@ -180,23 +193,10 @@ def not_watched(host: str) -> str:
     return f"not watched: {host} has no address here"
 
 
-def run(name: str, poll_s: float = POLL_S, systemd: Any = None,
+def run(model: Watched, poll_s: float = POLL_S, systemd: Any = None,
         looks: int | None = None) -> int:
-    from ...generator.loader import discover, load_model, search_path
-    from ...generator.model import build_model
     from ..facts.systemd import Liveness as Systemd
-    dirs = search_path()
-    path = discover(dirs)[0].get(name)
-    if path is None:
-        print(f"<3>{name}.service: no model file named {name}.toml", flush=True)
-        return 1
-    model = build_model(load_model(name, path, dirs))
-    nodes = model.nodes
-    if nodes is None or model.liveness is None:
-        print(f"<3>{model.unit_name}: not a multi-node model with liveness ([nodes], "
-              "[liveness])", flush=True)
-        return 1
-    unit = model.unit_name
+    nodes, unit = model.nodes, model.unit
     systemd = systemd or Systemd()
     head_addrs = resolve(nodes.addr_host)
     seen: dict[str, set[str]] = {}
@@ -216,7 +216,7 @@ def run(name: str, poll_s: float = POLL_S, systemd: Any = None,
     # one bound to the rendezvous port (SO_REUSEADDR, before the server
     # listens) and connected to any port of a rank's host.  Counted, either
     # would hide a leaving; the kernel's uid column tells them apart.
-    owner = pwd.getpwnam(model.user or "root").pw_uid
+    owner = pwd.getpwnam(model.user).pw_uid
     watch = Watch(len(seen) if nodes.is_head else 1)
     n = 0
     while looks is None or n < looks:

@@ -25,6 +25,7 @@ from ...generator.paths import run_dir
 
 STATE_DIR = os.environ.get("INFER_UNITS_STATE_DIR") or os.path.join(run_dir(), "state")
 TEXTFILE = "infer-units.prom"
+METRICS_DIR_VAR = "INFER_UNITS_METRICS_DIR"
 
 
 def _write_state(name: str, state: dict[str, Any]) -> None:
@@ -74,10 +75,18 @@ def _update(unit: str | None, change: dict[str, Any], add: dict[str, float]) -> 
         print(f"infer-units: metrics not written: {e}", file=sys.stderr, flush=True)
 
 
+# up and ready fall at once where a hook sees them fall (a start begins, a
+# start is refused, a stop ends, a health probe fails) and rise when
+# `infer-units status --write-metrics` (infer-units-metrics.timer) or the
+# next passing liveness probe sees them risen: the hook that ends a start
+# runs as the model's user, who cannot write root's state.
+DOWN = {"up": 0, "ready": 0}
+
+
 def record_reap(unit: str | None, result: Any) -> None:
     killed = {a.pid for a in result.actions}
     _update(unit, {"last_reap_seconds": result.seconds, "last_reap_exit": result.exit_code,
-                   "refused": 0},
+                   "refused": 0, **DOWN},
             {"reaps_total": 1, "processes_killed_total": len(killed)})
 
 
@@ -85,7 +94,13 @@ def record_refused(unit: str | None) -> None:
     """A start pre-start refused (no automatic restart follows): from the
     first refusal on the model has a series, so an alert on a failed model
     fires for one that never reached its first reap (refused at boot)."""
-    _update(unit, {"refused": 1}, {"starts_refused_total": 1})
+    _update(unit, {"refused": 1, **DOWN}, {"starts_refused_total": 1})
+
+
+def record_seen(unit: str, up: bool, ready: bool) -> None:
+    """What `status --write-metrics` saw: the unit active, its own server
+    answering health."""
+    _update(unit, {"up": int(up), "ready": int(up and ready)}, {})
 
 
 def record_checks_passed(unit: str | None) -> None:
@@ -96,7 +111,8 @@ def record_checks_passed(unit: str | None) -> None:
 
 
 def record_free(unit: str | None, result: Any) -> None:
-    _update(unit, {"last_free_seconds": result.seconds, "last_free_exit": result.exit_code}, {})
+    _update(unit, {"last_free_seconds": result.seconds, "last_free_exit": result.exit_code,
+                   **DOWN}, {})
 
 
 def record_p2p(unit: str | None, verdict: Any) -> None:
@@ -106,7 +122,8 @@ def record_p2p(unit: str | None, verdict: Any) -> None:
 
 def record_liveness(unit: str | None, state: dict[str, Any], restarted: bool) -> None:
     """After a liveness probe that changed something (helpers/act/liveness.py)."""
-    _update(unit, {"liveness_consecutive_failures": state.get("consecutive_failures", 0),
+    failing = state.get("consecutive_failures", 0)
+    _update(unit, {"liveness_consecutive_failures": failing, "ready": 0 if failing else 1,
                    "liveness_capped": 1 if state.get("capped") else 0},
             {"liveness_restarts_total": 1 if restarted else 0})
 
@@ -121,6 +138,10 @@ def record_canary(unit: str | None, result: Any) -> None:
 
 
 _METRICS = (
+    ("up", "gauge", "1 while the model's unit is active (its server answered health at "
+                    "the start), 0 from a start, a refusal or a stop on."),
+    ("ready", "gauge", "1 while the model's own server answers health (the last "
+                       "look: metrics timer, liveness), 0 otherwise."),
     ("refused", "gauge", "1 if the model's last start was refused by its start checks "
                          "(no automatic restart), 0 once a start passes them."),
     ("starts_refused_total", "counter", "Starts refused by the start checks."),
@@ -138,6 +159,11 @@ _METRICS = (
     ("canary_checks_total", "counter", "Known-answer checks run."),
     ("last_canary_seconds", "gauge", "Seconds the last known-answer check took."),
 )
+
+
+# Written for every model with a state file (0 until seen otherwise): the
+# alert rules join on refused.
+EVERY_MODEL = ("up", "ready", "refused")
 
 
 # GPU health findings (health.py), per GPU: what pre-start and `doctor
@@ -218,8 +244,8 @@ def render_textfile() -> str:
         lines.append(f"# HELP infer_units_{key} {help_text}")
         lines.append(f"# TYPE infer_units_{key} {kind}")
         for unit, state in states:
-            if key == "refused":            # every model known here: alerts join on it
-                lines.append(f'infer_units_refused{{unit="{unit}"}} '
+            if key in EVERY_MODEL:
+                lines.append(f'infer_units_{key}{{unit="{unit}"}} '
                              f'{1 if state.get(key) == 1 else 0}')
             elif isinstance(state.get(key), (int, float)):
                 lines.append(f'infer_units_{key}{{unit="{unit}"}} {float(state[key]):g}')
@@ -227,9 +253,13 @@ def render_textfile() -> str:
     return "\n".join(lines) + "\n"
 
 
-def write_textfile() -> None:
-    directory = os.environ.get("INFER_UNITS_METRICS_DIR")
-    if not directory:
-        return
-    with open_dir(directory) as d:
-        d.write(TEXTFILE, render_textfile())
+def write_textfile(directories: set[str] | None = None) -> None:
+    """Into INFER_UNITS_METRICS_DIR, or the `directories` given (the ones the
+    models' [env] name, for `status --write-metrics`)."""
+    if directories is None:
+        directory = os.environ.get(METRICS_DIR_VAR)
+        directories = {directory} if directory else set()
+    text = render_textfile() if directories else ""
+    for directory in sorted(directories):
+        with open_dir(directory) as d:
+            d.write(TEXTFILE, text)

@@ -17,6 +17,11 @@ from ..facts.probe import Session, http_probe, local_address
 from .progress import Progress
 
 
+# How wait-ready's ready timeout begins its reason: `status` knows it by this
+# in the hook's closing line (the server's exit after is our stop's doing).
+NOT_READY = "no healthy answer within"
+
+
 @dataclass
 class ReadyResult:
     ready: bool
@@ -196,7 +201,7 @@ def wait_ready(url: str, pid: int | None, timeout: float, interval: float,
             progress.update(f"{last}, {elapsed:.0f}s of {timeout:.0f}s")
             remaining = deadline - time.monotonic()
             if remaining <= 0:
-                return ReadyResult(False, elapsed, f"no healthy answer within {timeout:g}s "
+                return ReadyResult(False, elapsed, f"{NOT_READY} {timeout:g}s "
                                    f"(last: {last})")
             # Sleep until the next poll, but wake at once if the server dies.
             if poller.poll(max(1, int(min(wait_s, remaining) * 1000))):

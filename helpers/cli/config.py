@@ -268,13 +268,15 @@ def _work_dir() -> str:
 _NOTE = "#! infer-units: "
 
 
-def _run_editor(name: str, text: str, reference: str) -> str:
-    """`text`, the marker and `reference` in $EDITOR; what is above the
-    marker when it exits 0 (anything changed below it is said to be ignored)."""
+def _run_editor(name: str, text: str, reference: str) -> tuple[str, bool]:
+    """`text`, the marker and `reference` in $EDITOR; (what is above the
+    marker when it exits 0, whether the file is as it was given): anything
+    changed below the marker is said to be ignored."""
     fd, temp = tempfile.mkstemp(prefix=f"{name[:100]}-", suffix=".toml", dir=_work_dir())
+    given = f"{text}\n{MARKER}\n{reference}"
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(f"{text}\n{MARKER}\n{reference}")
+            f.write(given)
         editor = _editor()
         try:
             status = subprocess.call([*editor, temp])
@@ -284,7 +286,8 @@ def _run_editor(name: str, text: str, reference: str) -> str:
         if status != 0:
             die(f"editor exited with status {status}: nothing changed")
         with open(temp, encoding="utf-8") as f:
-            content, marker, below = f.read().partition(MARKER)
+            back = f.read()
+        content, marker, below = back.partition(MARKER)
     finally:
         os.unlink(temp)
     if not marker:
@@ -293,7 +296,7 @@ def _run_editor(name: str, text: str, reference: str) -> str:
         click.echo(f"infer-units: what was typed below the line \"{MARKER[:40]}...\" was "
                    "ignored: only the text above it is the drop-in", err=True)
     return "".join(line for line in content.splitlines(keepends=True)
-                   if not line.startswith(_NOTE))
+                   if not line.startswith(_NOTE)), back == given
 
 
 def _keep_rejected(name: str, content: str) -> str:
@@ -315,7 +318,8 @@ def edit_command(name: str, no_reload: bool, start_from: str | None) -> None:
     """Edit NAME's drop-in NAME.toml.d/override.toml in $EDITOR; kept only if
     the model stays valid, then systemctl daemon-reload.  A refused edit is
     never lost: on a terminal the editor opens again with the reasons; else
-    (or when declined) it is kept in a file the error names (edit --from)."""
+    (or when declined) it is kept until reboot in a file under /run the
+    error names (edit --from)."""
     from ...generator.errors import ConfigError
     from ...generator.loader import forget_cache, load_model, search_path
     name = name.removesuffix(".service")
@@ -343,9 +347,13 @@ def edit_command(name: str, no_reload: bool, start_from: str | None) -> None:
     while True:
         if not text.endswith("\n"):
             text += "\n"
-        content = _run_editor(name, text, reference)
+        content, untouched = _run_editor(name, text, reference)
         if content.strip() == (old or "").strip() or (old is None and _only_comments(content)):
-            click.echo(f"infer-units: {target} unchanged", err=True)
+            # An editor that returns at once (a GUI editor that forks) leaves the file as given.
+            hint = (f" ({shlex.join(_editor())} returned without changing the file; a graphical editor "
+                    "must be told to wait: EDITOR=\"code --wait\", \"gedit -w\", \"subl -w\")"
+                    if untouched else "")
+            click.echo(f"infer-units: {target} unchanged{hint}", err=True)
             return
         if _only_comments(content):
             os.unlink(target)
@@ -367,8 +375,8 @@ def edit_command(name: str, no_reload: bool, start_from: str | None) -> None:
             text = "".join(f"{_NOTE}{line}\n" for line in errors) + content
             continue
         kept = _keep_rejected(name, content)
-        die(f"{target} not written: the model would not load; what you typed is in {kept} "
-            f"(infer-units edit {name} --from {kept})")
+        die(f"{target} not written: the model would not load; what you typed is kept in "
+            f"{kept} until reboot (/run is not on disk): infer-units edit {name} --from {kept}")
     if not no_reload:
         _reload()
     click.echo(f"infer-units: restart {name} to apply: "

@@ -141,15 +141,22 @@ def p2p_check(selector: str, env_file: str | None, python: str, timeout: float,
 @click.command()
 @click.argument("names", nargs=-1, shell_complete=complete_model_names)
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
-def status(names: tuple[str, ...], as_json: bool) -> None:
+@click.option("--write-metrics", is_flag=True,
+              help="Also store each model's up (unit active) and ready (its own server "
+                   "answers health) for the metrics file, and rewrite the file in every "
+                   "INFER_UNITS_METRICS_DIR the models name (root; infer-units-metrics.timer "
+                   "runs this).")
+def status(names: tuple[str, ...], as_json: bool, write_metrics: bool) -> None:
     """systemd state, GPUs, memory and health of every model (or NAMES), and
     why: a drained host, a refused or failed start and its reason, a crash
     loop, a foreign process on a model's port.  Exit 0 when none has failed;
     3 when one has failed or is crash-looping (like `systemctl status`);
     1 for an unknown name, a model file that does not load, or when systemd
     cannot be asked."""
-    from .status import collect, exit_code, table
+    from .status import collect, exit_code, table, write_metrics as store
     report = collect(list(names))
+    if write_metrics:
+        store(report)
     if as_json:
         echo_json(report)
     else:

@@ -170,8 +170,8 @@ def _host_problems(model: Any, gpus: list[Any] | None) -> list[Any]:
     try:
         select(gpus, selector)
     except GpuError as e:
-        have = ", ".join(str(g.index) for g in gpus) or "none"
-        error = ConfigError(model.main_path, "gpus", f"{e} (this host's GPUs: {have})")
+        # Its message already names this host's GPUs ("GPUs here: ...").
+        error = ConfigError(model.main_path, "gpus", str(e))
         error.model = model.name
         return [error]
     return []

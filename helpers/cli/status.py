@@ -17,8 +17,8 @@ from ..facts.gpus import GpuError, backend, select
 from ..decide.health import check_gpus, worst
 from ..act.canary import view as canary_view
 from ..act.liveness import cell as liveness_cell, view as liveness_view
-from ..act.metrics import load_state
-from ..act.ready import probe
+from ..act.metrics import METRICS_DIR_VAR, load_state, record_seen, write_textfile
+from ..act.ready import NOT_READY, probe
 from ..facts.systemd import SystemdUnavailable, unit_state
 from .render import file_model_name
 from .table import format_table
@@ -209,6 +209,10 @@ def _why(entry: dict[str, Any], fence: dict[str, Any] | None) -> list[str]:
     # The server's own output (a traceback) is logged at info: -p err would hide it.
     output = f"the server's own output: journalctl -u {unit} -n 50"
     ended = entry.get("last_exit")
+    if said and f"timed out: {NOT_READY} " in said:
+        # wait-ready gave up and systemd stopped the server: its exit
+        # (status 15, SIGTERM) was that stop's, not the reason.
+        ended = "the ready timeout stopped it ([ready] timeout)"
     if crash_looping(sd):
         last = f"last try: {ended}" if ended else last_try(sd)
         why.append(f"crash loop: {sd.get('restarts', 0)} automatic restart(s), {last}; "
@@ -273,7 +277,8 @@ def stale(model: Model, unit_file: str, need_reload: bool, loaded: str = "") -> 
 def model_status(model: Model, fence: dict[str, Any] | None = None) -> dict[str, Any]:
     entry: dict[str, Any] = {"name": model.name, "unit": model.unit_name,
                              "source": model.main_path, "engine": model.engine,
-                             "port": model.port, "health_url": health_url(model)}
+                             "port": model.port, "health_url": health_url(model),
+                             "metrics_dir": model.env.get(METRICS_DIR_VAR)}
     try:
         state = unit_state(model.unit_name)
         entry["systemd"] = {"available": True, **state.as_json(),
@@ -367,6 +372,26 @@ def collect(names: list[str]) -> dict[str, Any]:
             "unknown": unknown,
             "suggestions": suggestions(unknown),
             "fence": fence}
+
+
+def write_metrics(report: dict[str, Any]) -> None:
+    """Each model's up and ready as this report saw them, then the textfile
+    in every metrics directory the models' [env] name (or this command's
+    INFER_UNITS_METRICS_DIR).  A model systemd could not be asked about
+    keeps what the hooks last wrote."""
+    directories = {m["metrics_dir"] for m in report["models"] if m["metrics_dir"]}
+    if os.environ.get(METRICS_DIR_VAR):
+        directories.add(os.environ[METRICS_DIR_VAR])
+    for m in report["models"]:
+        sd = m["systemd"]
+        if sd["available"]:
+            health = m["health"]
+            record_seen(m["unit"], sd.get("active_state") == "active",
+                        bool(health and health["ok"]))
+    try:
+        write_textfile(directories)
+    except OSError as e:
+        raise SystemExit(f"infer-units: metrics not written: {e}")
 
 
 def suggestions(unknown: list[str]) -> dict[str, str]:

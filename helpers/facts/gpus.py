@@ -539,15 +539,21 @@ def backend() -> Backend:
         if fake:
             _backend = FakeBackend(fake)
         else:
+            why = ""
             try:
                 started = _nvml_init()
                 if started is not None:
                     _backend = NvmlBackend(*started)
             except Exception as e:  # NVMLError_LibraryNotFound, DriverNotLoaded, ...
-                print(f"infer-units: NVML unavailable ({e}); using /proc", file=sys.stderr)
+                why = f" ({e})"
             if _backend is None:
+                # A host without NVIDIA (a build host) hears of NVML only where
+                # GPUs are asked about, in this error; not on every command.
                 if not os.path.isdir(NVIDIA_PROC):
-                    raise GpuError("no NVIDIA driver: neither NVML nor /proc/driver/nvidia")
+                    raise GpuError(f"no NVIDIA driver: neither NVML{why} nor /proc/driver/nvidia")
+                if why:
+                    # A driver without NVML: the answers are /proc's, and say so.
+                    print(f"infer-units: NVML unavailable{why}; using /proc", file=sys.stderr)
                 _backend = ProcBackend()
     return _backend
 

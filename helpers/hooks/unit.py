@@ -18,7 +18,7 @@ import pwd
 import signal
 import sys
 import time
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 from ...generator import settings
 from ...generator.log import say
@@ -28,6 +28,9 @@ from ..decide.claims import GpuClaims
 from ..die import die
 from ..facts.gpus import Backend, Gpu
 from .parser import HookParser, checked
+
+if TYPE_CHECKING:
+    from ..act.groupwatch import Watched
 
 
 ERR, WARNING, NOTICE, INFO = 3, 4, 5, 6     # syslog priorities: journalctl -p
@@ -631,11 +634,10 @@ def _liveness_capped(marker: str) -> bool:
 def liveness_probe(argv: list[str]) -> int:
     p = HookParser("liveness-probe",
                    description="One liveness probe of an active model (run by "
-                               "infer-units-liveness@<name>.timer); restarts it through systemd "
-                               "after FAILURES failed probes in a row.  --model reads every "
-                               "setting from the model's file; the others give them by hand.")
-    p.option("--model", help="the model's name: its [liveness] and health URL")
-    p.option("--unit", type=_unit)
+                               "infer-units-liveness@<name>.service, whose drop-in the "
+                               "generator writes with every setting); restarts it through "
+                               "systemd after FAILURES failed probes in a row.")
+    p.option("--unit", type=_unit, required=True)
     p.option("--url", type=checked(argtypes.http_url))
     p.option("--interval", type=_duration, default=settings.default("liveness.interval"),
              help="for the log only")
@@ -649,22 +651,16 @@ def liveness_probe(argv: list[str]) -> int:
     p.option("--post", default=None, metavar="JSON",
              help="POST this body (a one-token completion) instead of a GET")
     a = p.read(argv)
-    from ..act.liveness import Config, config_of_model, run_probe
+    from ..act.liveness import Config, run_probe
     from ..facts.systemd import Liveness
-    if a.model is not None:
-        try:
-            cfg, env = config_of_model(a.model)
-        except ValueError as e:
-            _say(f"{a.model}.service: cannot probe: {e}", ERR)
-            return exitcodes.CONFIG_ERROR
-        os.environ.update(env)      # the hooks' own settings (metrics, state) of the model
-        unit = cfg.unit
-    elif a.unit is None or a.url is None:
-        p.error("give --model NAME, or --unit and --url")
-    else:
-        unit = unit_name(a.unit)
-        cfg = Config(unit, a.url, a.interval, max(1, a.failures), a.timeout,
-                     max(0, a.max_restarts), a.restart_window, a.post)
+    unit = unit_name(a.unit)
+    if a.url is None:
+        # The template unit alone: its model's drop-in is missing.
+        _say(f"{unit}: cannot probe: no --url; the generator gives every setting in a drop-in "
+             "of this unit for a model with liveness on (systemctl daemon-reload)", ERR)
+        return exitcodes.CONFIG_ERROR
+    cfg = Config(unit, a.url, a.interval, max(1, a.failures), a.timeout,
+                 max(0, a.max_restarts), a.restart_window, a.post)
     try:
         run_probe(cfg, Liveness(), a.state_dir)
     except OSError as e:
@@ -673,13 +669,38 @@ def liveness_probe(argv: list[str]) -> int:
     return exitcodes.CLEAN
 
 
+def watched_of(argv: list[str]) -> Watched:
+    """group-watch's argv (the generator's drop-in) as what the watch knows."""
+    p = HookParser("group-watch",
+                   description="Run by infer-units-group@<name>.service, whose drop-in the "
+                               "generator writes with every setting: restart a rank of a "
+                               "multi-node model whose group lost a rank.")
+    p.option("--unit", type=_unit, required=True)
+    p.option("--user", default="root", help="the server's account: its sockets are the ranks'")
+    p.option("--hosts", required=True, help="every host, in rank order, comma-separated")
+    p.option("--rank", type=_count, required=True, help="this host's")
+    p.option("--rendezvous", required=True, metavar="HOST:PORT",
+             help="the group's rendezvous (the head's)")
+    p.option("--max-restarts", type=_count, default=settings.default("liveness.max-restarts"))
+    p.option("--restart-window", type=_duration,
+             default=settings.default("liveness.restart-window"))
+    a = p.read(argv)
+    from ...generator.nodes import Nodes
+    from ...generator.urls import parse_host_port
+    from ..act.groupwatch import Watched
+    hosts = tuple(a.hosts.split(","))
+    if not 0 <= a.rank < len(hosts):
+        p.error(f"--rank {a.rank}: not a rank of --hosts ({len(hosts)} hosts)")
+    try:
+        host, port = parse_host_port(a.rendezvous)
+    except ValueError as e:
+        p.error(f"--rendezvous: {e}")
+    return Watched(unit_name(a.unit), a.user, Nodes(hosts, a.rank, host, port, ""),
+                   a.max_restarts, a.restart_window)
+
+
 @_explained
 def group_watch(argv: list[str]) -> int:
-    p = HookParser("group-watch",
-                   description="Run by infer-units-group@<name>.service: restart a rank of a "
-                               "multi-node model whose group lost a rank.")
-    p.option("--model", required=True, help="the model's name")
-    a = p.read(argv)
     from ..act.groupwatch import run as watch
-    return watch(a.model)
+    return watch(watched_of(argv))
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import stat
 import subprocess
 import tempfile
@@ -162,6 +163,17 @@ class Container:
         """Power off and boot the same root again (a new boot: generators run
         before journald, /run starts empty)."""
         self._stop()
+        self._start()
+
+    def power_cut(self) -> None:
+        """The power lost: the container's init SIGKILLed, and with it every
+        process of its PID namespace at once (no stop job, no ExecStopPost),
+        then the same root booted again.  What the page cache held survives:
+        a lost write is not part of this cut."""
+        assert self.proc is not None and self.leader
+        os.kill(self.leader, signal.SIGKILL)
+        self.proc.wait(60)
+        self.leader = 0
         self._start()
 
     def _network_args(self) -> list[str]:

@@ -23,7 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from ..support import wait_until
-from .e2e_support import add_model, model_toml
+from .e2e_support import FAKE_TABLE, add_model, model_toml
 
 NAME = "fault-m"
 UNIT = f"{NAME}.service"
@@ -33,6 +33,8 @@ LOAD_S = 0.6
 # What settling may take after a fault: a start's whole bound ([ready]
 # timeout 20s below, reap's 1s grace and 15s timeout) and RestartSec.
 SETTLE_S = 90.0
+# The model's metrics directory: root's, as the hooks require.
+METRICS = "/var/lib/fault-metrics"
 
 # What a process's command line holds, for tests/e2e/faults.py's finder in
 # the container (a minbase Debian has no pgrep).
@@ -93,9 +95,13 @@ class Outcome:
     journal: str = ""       # the unit's last lines, for a bad outcome
 
 
-def install(box) -> None:
+def install(box, enabled: bool = False) -> None:
+    """The finder and the model; `enabled`: started at boot."""
     box.write(FINDER, FINDER_SOURCE, mode=0o755)
-    add_model(box, NAME, model_toml(NAME, [GPU], PORT, ready_timeout="20s", load=LOAD_S))
+    box.sh(f"install -d -m 0755 {METRICS}")
+    text = model_toml(NAME, [GPU], PORT, ready_timeout="20s", load=LOAD_S,
+                      env={"INFER_UNITS_METRICS_DIR": METRICS})
+    add_model(box, NAME, text + ('[install]\nWantedBy = "multi-user.target"\n' if enabled else ""))
     box.sh("systemctl daemon-reload")
 
 
@@ -190,7 +196,7 @@ def _stop_races_restart(box, rng: random.Random) -> bool:
 def _gpu_table_half_written(box, rng: random.Random) -> bool:
     """The GPU facts unreadable for a moment of a start (the fake table
     stands where NVML answers): cut in half, then put back."""
-    table = "/etc/infer-units/fakegpus.json"
+    table = FAKE_TABLE
     _ensure_inactive(box)
     _start_async(box)
     return _during_job(box, rng.uniform(0.0, 0.5),
@@ -210,6 +216,31 @@ def _run_dir_full(box, rng: random.Random) -> bool:
                        f"sleep {rng.uniform(0.1, 1.5):.3f}; umount -l /run/infer-units")
 
 
+def _gpu_facts_hang(box, rng: random.Random) -> bool:
+    """The GPU facts do not answer for a while during a start, as NVML
+    does for a GPU in trouble: a FIFO stands in the fake table's place, so
+    a reader blocks in open() until the table is written into it."""
+    table = FAKE_TABLE
+    _ensure_inactive(box)
+    _start_async(box)
+    return _during_job(box, rng.uniform(0.0, 0.5),
+                       f"cp {table} {table}.whole; rm -f {table}.fifo; mkfifo {table}.fifo; "
+                       f"mv {table}.fifo {table}; sleep {rng.uniform(0.1, 6.0):.3f}; "
+                       f"(timeout 2 sh -c 'cat {table}.whole > {table}' >/dev/null 2>&1 &); "
+                       f"sleep 0.2; mv {table}.whole {table}")
+
+
+def _metrics_dir_full(box, rng: random.Random) -> bool:
+    """The metrics directory full during a start (a small tmpfs over it,
+    filled), then as it was: metrics never fail a start."""
+    _ensure_inactive(box)
+    _start_async(box)
+    return _during_job(box, rng.uniform(0.0, 0.5),
+                       f"mount -t tmpfs -o size=16k,mode=0755 none {METRICS} && "
+                       f"(cat /dev/zero > {METRICS}/filler 2>/dev/null; true) && "
+                       f"sleep {rng.uniform(0.1, 1.5):.3f}; umount -l {METRICS}")
+
+
 FAULTS: list[tuple[str, bool, Callable[..., bool]]] = [
     ("pre-start SIGKILLed during a start", False, _pre_start_killed),
     ("wait-ready SIGKILLed while the server loads", False, _wait_ready_killed),
@@ -223,6 +254,8 @@ FAULTS: list[tuple[str, bool, Callable[..., bool]]] = [
     ("stop and restart racing", True, _stop_races_restart),
     ("GPU facts half-written during a start", False, _gpu_table_half_written),
     ("/run/infer-units full during a start", False, _run_dir_full),
+    ("GPU facts hanging during a start", False, _gpu_facts_hang),
+    ("metrics directory full during a start", False, _metrics_dir_full),
 ]
 
 
@@ -256,7 +289,7 @@ def _leaks(box) -> list[str]:
     leaked = []
     if box.sh(f"{FINDER} 0 -1 '{SERVER}'", check=False).stdout.strip():
         leaked.append("a server process outlived the stop")
-    out = box.sh(f"INFER_UNITS_FAKE_GPUS=/etc/infer-units/fakegpus.json infer-units holders "
+    out = box.sh(f"INFER_UNITS_FAKE_GPUS={FAKE_TABLE} infer-units holders "
                  f"--json --gpus {GPU}", check=False).stdout
     try:
         holders = json.loads(out)["holders"]

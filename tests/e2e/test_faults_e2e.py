@@ -6,12 +6,16 @@ runs thousands)."""
 
 from __future__ import annotations
 
+import json
 import os
 import random
 
 import pytest
 
-from .faults import FAULTS, bad, campaign, summary
+from ..support import wait_until
+from .e2e_support import show
+from .faults import FAULTS, FINDER, NAME, PRE_START, SETTLE_S, UNIT, bad, campaign, install, \
+    summary
 
 pytestmark = pytest.mark.e2e
 
@@ -30,3 +34,27 @@ def test_every_fault_ends_serving_or_failed_with_a_reason(box) -> None:
     assert not wrong, report + "\n" + "\n".join(map(repr, wrong))
     # A campaign whose faults missed their steps proved nothing.
     assert sum(o.hit for o in outcomes) >= len(outcomes) // 2, report
+
+
+def test_a_power_cut_mid_reap_boots_back_serving(box) -> None:
+    """The host loses power while a restart's pre-start reaps: at the next
+    boot the enabled model starts by itself and serves.  Nothing a dead
+    hook left blocks it (/run starts empty; the claims live there)."""
+    install(box, enabled=True)
+    try:
+        box.sh(f"systemctl start {UNIT}", timeout=120)
+        box.sh(f"systemctl restart --no-block {UNIT}")
+        assert box.sh(f"{FINDER} 20 -1 '{PRE_START}'", check=False, timeout=60).stdout.strip(), \
+            "no pre-start appeared for the restart"
+        box.power_cut()
+
+        def serving() -> bool:
+            return show(box, UNIT, "ActiveState")["ActiveState"] == "active"
+        assert wait_until(serving, SETTLE_S), \
+            box.sh(f"journalctl -b -u {UNIT} -n 40 --no-pager", check=False).stdout
+        done = box.sh(f"infer-units status --json {NAME}", check=False)
+        [model] = json.loads(done.stdout)["models"]
+        assert done.returncode == 0 and model["health"]["ok"], model
+    finally:
+        box.sh(f"systemctl stop {UNIT}; rm -f /etc/infer-units/{NAME}.toml; "
+               f"systemctl daemon-reload; systemctl reset-failed {UNIT} || true", check=False)

@@ -41,6 +41,16 @@ def test_drain_fences_and_resume_starts_exactly_what_it_stopped(box) -> None:
         assert "ops-c.service" not in done["stop"]
         assert _state(box, "ops-a.service") == "inactive" and _state(box, "ops-b.service") == "inactive"
         assert json.loads(box.sh(f"cat {FENCE}").stdout)["stopped"] == done["stop"]
+        # A second drain finds them stopped by the first: it says so, stops
+        # nothing, and the fence still records them.
+        second = box.sh(drain, check=False)
+        assert second.returncode == 0, second.stderr
+        assert json.loads(second.stdout)["stop"] == [], second.stdout
+        assert ("already drained (an earlier drain stopped them): " + ", ".join(done["stop"])
+                + "; resume starts them") in second.stderr, second.stderr
+        assert "left active" not in second.stderr and "stopping" not in second.stderr, \
+            second.stderr
+        assert json.loads(box.sh(f"cat {FENCE}").stdout)["stopped"] == done["stop"]
 
         # While fenced: a start fails at pre-start, and Restart=on-failure (RestartSec=1s) does not retry it.
         assert box.sh("systemctl start ops-c", check=False).returncode != 0

@@ -62,7 +62,7 @@ body = {"prompt": "1", "max_tokens": n, "temperature": 0, "stream": True,
 if seqs > 1:       # vLLM: n must be 1 when sampling is greedy
     body.update(n=seqs, temperature=1.0, seed=1,
                 allowed_token_ids=[3 + b for b in b"abcdefghijklmnopqrstuvwxyz"])
-events, t0 = [], time.monotonic()
+events, stamps, t0 = [], [], time.monotonic()
 try:
     req = urllib.request.Request("http://127.0.0.1:%d/v1/completions" % port,
                                  data=json.dumps(body).encode(),
@@ -72,6 +72,7 @@ try:
             line = raw.decode().strip()
             if line.startswith("data: "):
                 events.append(line[6:])
+                stamps.append(time.time())
                 if len(events) == 1:
                     if unit:
                         subprocess.Popen(["systemctl", "restart", "--no-block", unit],
@@ -80,6 +81,8 @@ try:
                         f.write("%f" % time.time())
 except Exception as e:
     events.append("error: %r" % (e,))
+with open(out + ".times", "w") as f:
+    json.dump(stamps, f)
 with open(out + ".tmp", "w") as f:
     json.dump(events, f)
 import os
@@ -142,7 +145,7 @@ def stream_through_restart(real: RealBox, unit: str, port: int, tokens: int = TO
     # its first such request, is done before the stream is timed.
     c.sh(f"{STREAM} {port} 2 {min(sequences, 2)} {out}.warm; rm -f {out}.warm {out}.warm.first")
     pid = main_pid(c, unit)
-    c.sh(f"rm -f {out} {out}.first; systemctl stop iu-stream 2>/dev/null; "
+    c.sh(f"rm -f {out} {out}.first {out}.times; systemctl stop iu-stream 2>/dev/null; "
          "systemctl reset-failed iu-stream 2>/dev/null; "
          f"systemd-run --quiet --unit=iu-stream {STREAM} {port} {tokens} {sequences} {out} {unit}")
     assert wait_for(lambda: c.sh(f"test -e {out}.first", check=False).returncode == 0, 120), \
@@ -161,7 +164,9 @@ def stream_through_restart(real: RealBox, unit: str, port: int, tokens: int = TO
         f"cat {out}.first; echo; journalctl -u {unit}.service -o short-unix --no-pager "
         f"| grep -F 'Stopping {unit}.service' | tail -n 1 | cut -d' ' -f1; "
         f"date -r {out} +%s.%N").stdout.split()
-    TIMELINE.update(first=float(first), stopping=float(stopping), ended=float(ended))
+    stamps = json.loads(c.sh(f"cat {out}.times").stdout)
+    TIMELINE.update(first=float(first), stopping=float(stopping), ended=float(ended),
+                    last_token=max(stamps, default=float(first)))
     # Active again with a new server.  Not ended at a "failed" on the way: once
     # vLLM's engine aborted a stream, its HTTP server has waited for the
     # stream's connection to close ("Waiting for connections to close") until
@@ -185,19 +190,21 @@ def timeline() -> str:
 
 def restart_in_flight(real: RealBox, unit: str, port: int, said: str, during=None,
                       tries: int = 3) -> tuple[list[str], object]:
-    """stream_through_restart until the old server's EngineCore says (`said`,
-    a pattern of its journal line) that the stream was in flight at its
-    SIGTERM.  On this 2-core machine, while vLLM's CPU engine computes, the
-    API server and systemd have stalled until it was done: the first token
-    reached the client, or the restart reached systemd, only after the last
-    token was made.  Such a try proves nothing either way, and the server's
-    own line tells it apart; when no try reaches the state, the test is
-    skipped with the timeline."""
+    """stream_through_restart until the stream was in flight at the old
+    server's stop: a token reached the client after systemd began the stop
+    (the stream's own clock against the journal's; one host clock), or the
+    old server's EngineCore says so (`said`, a pattern of its journal line).
+    On this 2-core machine, while vLLM's CPU engine computes, the API server
+    and systemd have stalled until it was done: the first token reached the
+    client, or the restart reached systemd, only after the last token was
+    made.  Such a try proves nothing either way; when no try reaches the
+    state, the test is skipped with the timeline."""
     c = real.c
     for _ in range(tries):
         before = len(re.findall(said, c.journal(f"{unit}.service")))
         events, seen = stream_through_restart(real, unit, port, during=during)
-        if len(re.findall(said, c.journal(f"{unit}.service"))) > before:
+        if TIMELINE["last_token"] > TIMELINE["stopping"] or \
+                len(re.findall(said, c.journal(f"{unit}.service"))) > before:
             return events, seen
     # The state the test is about was not reached: nothing was shown either
     # way, and that is said, not passed.

@@ -14,7 +14,8 @@ import re
 
 import pytest
 
-from .e2e_support import FAKE_TABLE, add_model, engine_toml, make_model_path, show, wait_until
+from .e2e_support import (FAKE_TABLE, add_model, engine_toml, make_model_path, model_toml,
+                          show, wait_until)
 
 pytestmark = pytest.mark.e2e
 
@@ -67,6 +68,28 @@ def test_a_crash_loop_is_named_with_its_restarts_and_last_exit(box) -> None:
     finally:
         box.sh("systemctl stop st-loop; systemctl reset-failed st-loop", check=False)
         _drop(box, "st-loop")
+
+
+def test_a_server_the_ready_timeout_stopped_is_said_so(box) -> None:
+    """wait-ready gives up (exit 3) and systemd's stop ends the server: status
+    says the ready timeout stopped it, not the stop's exit of the server."""
+    add_model(box, "st-slow", model_toml("st-slow", [5], 18436, load=600, ready_timeout="2s")
+              + 'Restart = "no"\n')
+    box.sh("systemctl daemon-reload")
+    try:
+        assert box.sh("systemctl start st-slow", check=False, timeout=120).returncode != 0
+
+        def said() -> list[str] | None:
+            done = box.sh("infer-units status --json st-slow", check=False)
+            [model] = json.loads(done.stdout)["models"]
+            return [w for w in model["why"] if "ready timeout" in w] or None
+        assert wait_until(said, 30), box.sh("infer-units status st-slow", check=False).stdout
+        [why] = said() or []
+        assert why.startswith("failed (last result exit-code, the ready timeout stopped it"), why
+        assert "no healthy answer within 2s" in why and "exit status 15" not in why, why
+    finally:
+        box.sh("systemctl stop st-slow; systemctl reset-failed st-slow", check=False)
+        _drop(box, "st-slow")
 
 
 def test_a_foreign_port_holder_refuses_at_once_and_the_exit_is_explained(box) -> None:
@@ -341,3 +364,43 @@ def test_a_user_without_an_account_is_named_by_check_and_by_the_crash_loop(box) 
     finally:
         box.sh(f"systemctl stop {name}; systemctl reset-failed {name}", check=False)
         _drop(box, name)
+
+
+def _series(box, directory: str, unit: str) -> dict[str, str]:
+    text = box.sh(f"cat {directory}/infer-units.prom", check=False).stdout
+    return {m.group(1): m.group(2) for m in
+            re.finditer(rf'^infer_units_(up|ready|refused){{unit="{re.escape(unit)}"}} (\S+)$',
+                        text, re.M)}
+
+
+def test_up_and_ready_series_follow_the_unit_from_refusal_to_serving_to_stopped(box) -> None:
+    """The shipped metrics refresh raises up and ready once the model serves;
+    a stop lowers both at once (its stop hook), and a refused model has its
+    series from the refusal on, down."""
+    metrics, name, path = "/var/lib/st-metrics", "st-series", "/models/st-series-absent"
+    box.sh(f"install -d -m 0755 {metrics}")
+    text = engine_toml(name, "llamacpp", [2], 18410, env={"INFER_UNITS_METRICS_DIR": metrics})
+    add_model(box, name, text.replace(f'model = "/models/{name}"', f'model = "{path}"'),
+              model_present=False)
+    unit = f"{name}.service"
+    box.sh("systemctl daemon-reload")
+    try:
+        box.sh(f"systemctl start {name}", check=False, timeout=120)
+        assert _series(box, metrics, unit) == {"up": "0", "ready": "0", "refused": "1"}, \
+            box.sh(f"cat {metrics}/infer-units.prom; journalctl -u {name} -o cat --no-pager",
+                   check=False).stdout
+        make_model_path(box, path)
+        box.sh(f"systemctl reset-failed {name}; systemctl start {name}", timeout=120)
+        # Started, not yet seen: the start lowered them; the refresh raises them.
+        assert _series(box, metrics, unit) == {"up": "0", "ready": "0", "refused": "0"}
+        box.sh("systemctl start infer-units-metrics.service", timeout=300)
+        assert _series(box, metrics, unit) == {"up": "1", "ready": "1", "refused": "0"}, \
+            box.sh("journalctl -u infer-units-metrics -n 20 --no-pager").stdout
+        box.sh(f"systemctl stop {name}", timeout=120)
+        assert _series(box, metrics, unit) == {"up": "0", "ready": "0", "refused": "0"}
+        assert show(box, "infer-units-metrics.timer", "UnitFileState")["UnitFileState"] \
+            == "disabled"
+    finally:
+        box.sh(f"systemctl stop {name}; systemctl reset-failed {name}", check=False)
+        _drop(box, name)
+        box.sh(f"rm -rf {metrics}", check=False)

@@ -108,7 +108,7 @@ def test_what_a_hook_keeps_of_its_environment() -> None:
     testing = hookenv.hook_environment(unit_env, testing=True)
     assert testing["INFER_UNITS_FAKE_GPUS"] == "/home/inference/gpus.json"
     assert "LD_PRELOAD" not in testing and testing["PATH"] == hookenv.DEFAULT_PATH
-    # liveness-probe --model reads the model's [env] by the same rule
+    # `infer-units canary NAME` reads the model's [env] by the same rule
     assert hookenv.hook_settings(unit_env, testing=False) == {
         "INFER_UNITS_METRICS_DIR": "/var/lib/prometheus/node-exporter",
         "INFER_UNITS_GPU_BASELINE_MIB": "0"}

@@ -196,6 +196,23 @@ def test_drain_plans_every_unit_state(state: str, job: str, left_after_fence: bo
     assert plan(state, job, left_after_fence) == expected
 
 
+def test_a_second_drain_says_what_is_true_of_each_unit() -> None:
+    """A second drain finds the units the first stopped inactive (they left
+    active after the fence went up, the first drain's fence): "already
+    drained", not "left active"; a down unit whose queued start is cancelled
+    is not "stopping"."""
+    from infer_units.helpers.act.drain import plan_lines
+    lines = plan_lines(down={"a.service", "q.service"}, stop=["q.service", "r.service"],
+                       again=["a.service", "q.service", "r.service", "x.service"],
+                       already=["a.service", "b.service"], dry_run=False)
+    # b.service: recorded by the first drain, no longer listed by systemd (unloaded)
+    assert lines == ["already drained (an earlier drain stopped them): a.service, b.service; "
+                     "resume starts them",
+                     "x.service left active after the fence went up: resume starts it",
+                     "stopping r.service",
+                     "cancelling the queued start of q.service"], lines
+
+
 # Attribution on the /proc backend (no NVML) for `unit`, as the hooks ask it:
 # argv: proc dir, dev dir, own unit, GPU selector.  Prints pid -> kind.
 ATTRIBUTE_WITHOUT_NVML = r"""

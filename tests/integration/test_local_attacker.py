@@ -382,8 +382,11 @@ INFER_UNITS_LIVENESS_DIR = "{{state}}"
 
 WATCH = r"""
 import json, os, signal, sys
+from infer_units.generator.build import load_all
+from infer_units.generator.render import group_watch_argv
 from infer_units.helpers.act import groupwatch
 from infer_units.helpers.facts.systemd import ModelState
+from infer_units.helpers.hooks.unit import watched_of
 
 # "die": the watch is killed the moment it asks, as systemd's PartOf= stop of
 # the model's restart may do it
@@ -401,8 +404,13 @@ class Systemd:
         if DIE:
             os.kill(os.getpid(), signal.SIGKILL)
 
+# What the unit runs: the watch's argv and hook settings from the generator
+# (the drop-in's ExecStart= and Environment=).
+[model] = load_all().models
+os.environ["INFER_UNITS_LIVENESS_DIR"] = model.env["INFER_UNITS_LIVENESS_DIR"]
+watched = watched_of(group_watch_argv(model)[2:])
 print("watching", flush=True)
-sys.exit(groupwatch.run("mn", poll_s=0.05, systemd=Systemd(), looks=int(sys.argv[1])))
+sys.exit(groupwatch.run(watched, poll_s=0.05, systemd=Systemd(), looks=int(sys.argv[1])))
 """
 
 HOLD_RANK = r"""

@@ -70,3 +70,24 @@ def test_a_drained_host_is_named(tmp_path: Path, squatted: int) -> None:
     assert "qwen-small: drained by `infer-units drain` since 2026-12-05 10:00" in done.stdout
     # Its liveness is not probed while it is not active: no stale "ok ... ago".
     assert " ago" not in done.stdout.splitlines()[1], done.stdout
+
+
+def test_a_server_the_ready_timeout_stopped_is_said_so() -> None:
+    """wait-ready gave up (exit 3) and systemd's stop ended the server with
+    status 15: the ready timeout stopped it, not the server's own exit."""
+    from infer_units.helpers.cli.status import _why
+    said = ("exit 3 = timed out: no healthy answer within 1200s "
+            "(last: connection refused)")
+    entry = {"unit": "m.service", "last_error": said,
+             "last_exit": "main process exit status 15",
+             "systemd": {"available": True, "active_state": "failed", "result": "exit-code",
+                         "exec_main_code": 1, "exec_main_status": 15}}
+    [why] = _why(entry, None)
+    assert why.startswith("failed (last result exit-code, the ready timeout stopped it "
+                          "([ready] timeout)): exit 3 = timed out: no healthy answer"), why
+    assert "status 15" not in why, why
+    # a server that exited by itself keeps its own exit status
+    entry["last_error"] = "server pid 9 exited while loading; exit 7 = the server's own exit status"
+    entry["last_exit"] = "main process exit status 7"
+    [why] = _why(entry, None)
+    assert "main process exit status 7" in why and "ready timeout" not in why, why

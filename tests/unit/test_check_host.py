@@ -8,6 +8,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from ..support import FakeGpus, base_env, run_cli
 
 MODEL = 'engine = "vllm"\nmodel = "{model}"\ngpus = [{gpus}]\nport = {port}\n'
@@ -45,8 +47,10 @@ def test_gpus_this_host_does_not_have_are_an_error(tmp_path: Path) -> None:
     report = json.loads(done.stdout)
     assert report["ok"] == [{"path": f"{d}/fits.toml", "unit": "fits.service"}], report
     [error] = report["errors"]
-    assert error.startswith(f"{d}/big.toml: gpus: ") and "7" in error \
-        and "this host's GPUs: 0, 1" in error, error
+    assert error.startswith(f"{d}/big.toml: gpus: GPU '7' not found; GPUs here: 0 ("), error
+    # the host's GPUs are listed once
+    assert error.count("GPUs here") == 1 and "this host's GPUs" not in error, error
+    assert error.count("1 (") == 1, error
 
 
 def test_without_a_gpu_backend_the_gpus_are_not_judged(tmp_path: Path) -> None:
@@ -83,3 +87,26 @@ def test_a_user_this_host_does_not_have_is_a_warning_with_the_command_to_create_
     assert warning.startswith(f"{d}/ghost.toml: user: no-such-account-here does not exist on "
                               "this host") and "217/USER" in warning \
         and "useradd --system" in warning, warning
+
+
+def test_a_host_without_nvidia_hears_of_nvml_only_where_gpus_are_asked_about(
+        tmp_path: Path) -> None:
+    """NVML's library is there (pynvml installed) but no driver: `check`
+    says nothing of NVML; `holders`, which asks for the GPUs, says why."""
+    if Path("/proc/driver/nvidia").is_dir():
+        pytest.skip("this host has an NVIDIA driver")
+    lib = tmp_path / "lib"
+    lib.mkdir()
+    (lib / "pynvml.py").write_text(
+        "class NVMLError(Exception):\n    pass\n\n\n"
+        "def nvmlInit():\n    raise NVMLError('NVML Shared Library Not Found')\n")
+    d = etc(tmp_path, m=MODEL.format(model="org/m", gpus=0, port=18708))
+    env = base_env(INFER_UNITS_CONFIG_PATH=str(d))
+    env["PYTHONPATH"] += f":{lib}"
+    checked = run_cli("check", "--no-verify", env=env)
+    assert checked.returncode == 0 and "NVML" not in checked.stderr, checked
+    asked = run_cli("holders", env=env)
+    assert asked.returncode != 0
+    assert "neither NVML (NVML Shared Library Not Found) nor /proc/driver/nvidia" \
+        in asked.stderr, asked.stderr
+    assert asked.stderr.count("NVML Shared Library Not Found") == 1, asked.stderr

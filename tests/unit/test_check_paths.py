@@ -90,3 +90,16 @@ def test_verify_findings_are_warnings(host: Path) -> None:
     assert any("/nonexistent/serve" in line for line in report["verify"]["fresh.service"])
     quiet = run_cli("check", "--no-verify", str(new), env=env(host / "etc"))
     assert "systemd-analyze" not in quiet.stderr
+
+
+def test_every_error_of_a_file_is_reported_each_naming_file_and_key(host: Path) -> None:
+    new = host / "new" / "many.toml"
+    new.write_text(MODEL.format(program="/bin/true", gpu=1, port=99999)
+                   + 'colour = "red"\n[reap]\nterm-grace = "soon"\n')
+    done = run_cli("check", "--no-verify", "--json", str(new), env=env(host / "etc"))
+    assert done.returncode == 1
+    errors = json.loads(done.stdout)["errors"]
+    assert len(errors) == 3, errors
+    for key in ("port", "colour", "reap.term-grace"):
+        assert any(e.startswith(f"{new}: {key}: ") for e in errors), (key, errors)
+        assert f"error: {new}: {key}: " in done.stderr

@@ -140,6 +140,9 @@ def test_edit_unchanged_failed_or_emptied(conf: Path) -> None:
     target = conf / "etc/q.toml.d/override.toml"
     done = run_cli("edit", "q", "--no-reload", env=env(conf, "keep"), check=0)
     assert "unchanged" in done.stderr and not target.exists()
+    # the editor returned with the file as it was given (a GUI editor that forks): a hint
+    assert "returned without changing the file" in done.stderr, done.stderr
+    assert 'EDITOR="code --wait"' in done.stderr, done.stderr
     done = run_cli("edit", "q", "--no-reload", env=env(conf, "fail"), check=1)
     assert "editor exited with status 3" in done.stderr and not target.exists()
     target.write_text('[env]\nA = "1"\n')
@@ -163,12 +166,13 @@ def test_a_refused_edit_keeps_what_was_typed(conf: Path) -> None:
     typed = 'gpus = "zero"\n[env]\nMINE = "typed by hand"\n'
     done = run_cli("edit", "q", "--no-reload", env=env(conf, "prepend", typed), check=1)
     assert not target.exists()
-    kept = Path(done.stderr.split("what you typed is in ", 1)[1].split()[0])
+    kept = Path(done.stderr.split("what you typed is kept in ", 1)[1].split()[0])
     try:
         assert kept.read_text().startswith(typed)
         assert "### Lines from here on are ignored" not in kept.read_text()
         assert kept.stat().st_mode & 0o777 == 0o600
         assert f"infer-units edit q --from {kept}" in done.stderr
+        assert f"kept in {kept} until reboot" in done.stderr
         # fixed from where it was left: the editor is given the refused text
         fixed = 'gpus = [0]\n[env]\nMINE = "typed by hand"\n'
         done = run_cli("edit", "q", "--no-reload", "--from", str(kept),
@@ -292,7 +296,7 @@ def test_edit_works_under_any_umask_and_leaves_nothing_behind(conf: Path, umask:
     assert work.stat().st_mode & 0o777 == 0o700 and list(work.iterdir()) == []
     refused = edit(mode="prepend", text='gpus = "zero"\n')
     assert refused.returncode == 1, refused.stderr
-    kept = Path(refused.stderr.split("what you typed is in ", 1)[1].split()[0])
+    kept = Path(refused.stderr.split("what you typed is kept in ", 1)[1].split()[0])
     assert kept.parent == work and kept.stat().st_mode & 0o777 == 0o600
     assert list(work.iterdir()) == [kept]
     assert set(Path(tempfile.gettempdir()).glob("infer-units-edit-*")) == before

@@ -1,16 +1,14 @@
 """tools/check-engine-parsers.
 
-The unit reading (tools/systemd_exec.py) runs everywhere: it is checked
-against the tests' own reader on every golden unit, and on the $VAR rules
-systemd applies at exec time.  The engines' real parsers need the venvs that
-`tools/check-engine-parsers --setup` builds (several GB): those tests run only
-when INFER_UNITS_ENGINE_VENVS names a folder holding them.
+The unit reading (tools/systemd_exec.py) is checked against the tests' own
+reader on every golden unit, and on the $VAR rules systemd applies at exec
+time; the P2P variants and the verdicts, on argvs and parses given here.  The
+engines' real parsers need their venvs (pip, several GB):
+tests/integration/test_engine_parsers_real.py.
 """
 
 from __future__ import annotations
 
-import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -89,52 +87,3 @@ def test_ranks_per_node_must_match_the_visible_gpus() -> None:
     assert "runs 8 GPU rank(s)" in str(engine_parsers.meaning(four, {"tp": 16, "nnodes": 2}))
     assert engine_parsers.meaning(four, {"tp": 2})
     assert not engine_parsers.meaning({}, {"tp": 2})    # PCI selectors: known only at start
-
-
-VENVS = os.environ.get("INFER_UNITS_ENGINE_VENVS")
-needs_venvs = pytest.mark.skipif(
-    not VENVS or not all((Path(VENVS) / e / "bin" / "python").exists()
-                         for e in engine_parsers.ENGINES),
-    reason="INFER_UNITS_ENGINE_VENVS does not name the engine venvs "
-           "(tools/check-engine-parsers --setup)")
-
-
-def _probe(engine: str, argv: list[str], tmp_path: Path) -> dict[str, object]:
-    return engine_parsers.probe(Path(VENVS or ""), engine, argv, {}, tmp_path)
-
-
-@needs_venvs
-@pytest.mark.parametrize("engine,argv", [
-    ("sglang", ["/py", "-m", "sglang.launch_server", "--model-path", "/m", "--tp-size", "2",
-                "--port", "8100", "--disable-custom-all-reduce"]),
-    ("vllm", ["/py", "-m", "vllm.entrypoints.cli.main", "serve", "/m",
-              "--tensor-parallel-size", "2", "--port", "8100", "--disable-custom-all-reduce"]),
-])
-def test_real_parser_accepts_and_reports(engine: str, argv: list[str], tmp_path: Path) -> None:
-    fields = _probe(engine, argv, tmp_path)["fields"]
-    assert fields["model"] == "/m" and fields["tp"] == 2  # type: ignore[index]
-    assert fields["port"] == 8100 and fields["disable_custom_all_reduce"] is True  # type: ignore[index]
-
-
-@needs_venvs
-@pytest.mark.parametrize("engine,argv,error", [
-    ("sglang", ["/py", "-m", "sglang.launch_server", "--model-path", "/m", "--no-such-flag"],
-     "unrecognized arguments: --no-such-flag"),
-    ("vllm", ["/py", "-m", "vllm.entrypoints.cli.main", "serve", "/m", "--tp-size", "2"],
-     "unrecognized arguments: --tp-size"),
-    # no __main__ code in sglang/cli/main.py: `-m` of it does nothing, exit 0
-    ("sglang", ["/py", "-m", "sglang.cli.main", "serve", "--model-path", "/m"],
-     "returned without parsing"),
-])
-def test_real_parser_rejects(engine: str, argv: list[str], error: str, tmp_path: Path) -> None:
-    assert error in str(_probe(engine, argv, tmp_path).get("error"))
-
-
-@needs_venvs
-def test_command_on_this_tree(tmp_path: Path) -> None:
-    done = subprocess.run([str(ROOT / "tools" / "check-engine-parsers"), "--venvs", str(VENVS)],
-                          capture_output=True, text=True, timeout=1800)
-    assert done.returncode in (0, 1), done.stderr
-    rows = [line for line in done.stdout.splitlines() if line.startswith(("OK", "REJECTED", "WRONG"))]
-    assert any(r.split()[1] == "sglang" for r in rows) and any(r.split()[1] == "vllm" for r in rows)
-    assert done.returncode == (1 if any(not r.startswith("OK") for r in rows) else 0)

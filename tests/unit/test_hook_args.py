@@ -23,7 +23,8 @@ def one_line(done: subprocess.CompletedProcess[str]) -> str:
 
 
 REQUIRED = {"pre-start": ["--unit", "m"], "wait-ready": ["--url", "http://127.0.0.1:1/"],
-            "wait-free": ["--gpus", "0"], "liveness-probe": [], "group-watch": ["--model", "m"],
+            "wait-free": ["--gpus", "0"], "liveness-probe": ["--unit", "m"], "group-watch": ["--unit", "m", "--hosts", "a,b",
+                                                             "--rank", "0", "--rendezvous", "a:1"],
             "known-answer": ["--unit", "m", "--engine", "llamacpp", "--url",
                              "http://127.0.0.1:1/", "--api", "llamacpp"]}
 
@@ -42,7 +43,7 @@ def test_help_is_argparses(hook: str) -> None:
 
 def test_a_missing_required_option_and_a_bad_value_name_the_option() -> None:
     assert "--unit" in one_line(run_cli("pre-start"))
-    assert "--model" in one_line(run_cli("group-watch"))
+    assert "--unit" in one_line(run_cli("group-watch"))
     line = one_line(run_cli("wait-ready", "--url", "http://127.0.0.1:1/", "--timeout", "soon"))
     assert "--timeout" in line and "bad time span" in line, line
     line = one_line(run_cli("pre-start", "--unit", "m", "--foreign", "maybe"))

@@ -344,11 +344,14 @@ def test_hang_restart_then_cap(health: Health, tmp_path: Path, journal,
     assert not (tmp_path / "m.liveness-cap").exists()
     health.mode = "503"
     assert lv.run_probe(cfg, systemd, str(tmp_path)) == lv.COUNT
+    # A failed probe lowers ready at once; the next passing one raises it.
+    assert 'infer_units_ready{unit="m.service"} 0\n' in metrics.render_textfile()
     health.mode = "ok"
     capsys.readouterr()
     assert lv.run_probe(cfg, systemd, str(tmp_path)) == lv.OK
     assert "<5>m.service: health probe passed again after 1 failed" in capsys.readouterr().out
     assert metrics.load_state("m.service")["liveness_capped"] == 0
+    assert 'infer_units_ready{unit="m.service"} 1\n' in metrics.render_textfile()
 
 
 def test_a_restart_is_saved_before_systemd_is_asked(health: Health, tmp_path: Path,
@@ -375,12 +378,11 @@ def test_a_restart_is_saved_before_systemd_is_asked(health: Health, tmp_path: Pa
 
 
 def test_a_restart_the_group_watch_counts_during_a_probe_is_kept(
-        health: Health, tmp_path: Path, journal) -> None:
+        health: Health, tmp_path: Path, journal, monkeypatch: pytest.MonkeyPatch) -> None:
     """The probe read its state, probed for up to its timeout, then saved:
     a restart the group watch counted meanwhile was written over, and the
     cap lost it.  The state is read and saved under one lock, after the probe."""
-    from types import SimpleNamespace
-    from infer_units.generator.liveness import Liveness
+    from infer_units.generator.nodes import Nodes
     from infer_units.helpers.act import groupwatch
     from ..support import wait_until
     health.mode = "hang"
@@ -389,9 +391,9 @@ def test_a_restart_the_group_watch_counts_during_a_probe_is_kept(
     probe.start()
     try:
         assert wait_until(lambda: health.requests == 1)        # probing now
-        model = SimpleNamespace(name="m", unit_name="m.service", env={
-            "INFER_UNITS_LIVENESS_DIR": str(tmp_path)}, liveness=Liveness(
-                cfg.interval, cfg.failures, cfg.timeout, 3, cfg.restart_window))
+        model = groupwatch.Watched("m.service", "root", Nodes(("a", "b"), 0, "a", 29500, ""),
+                                   3, cfg.restart_window)
+        monkeypatch.setenv("INFER_UNITS_LIVENESS_DIR", str(tmp_path))
         assert groupwatch.restart_counted(model, UP, "a rank left", RecordingSystemd())
     finally:
         probe.join()
@@ -437,9 +439,25 @@ def test_probe_command_without_systemd(health: Health, tmp_path: Path) -> None:
     assert run_cli("liveness-probe", "--unit", "m").returncode == 1
 
 
-def test_probe_reads_its_model_by_name(health: Health, tmp_path: Path) -> None:
-    """`--model NAME` (the template unit's %i): URL, [liveness] and the hooks'
-    INFER_UNITS_* settings come from the model's file, through the loader."""
+def _probe_dropin(conf: Path, name: str) -> str:
+    """The text of the probe's drop-in the generator writes for `name`."""
+    from infer_units.generator.build import load_all, render_checked
+    [model] = [m for m in load_all(dirs=[str(conf)]).models if m.name == name]
+    [dropin] = [u.text for u in render_checked(model)
+                if u.name == f"infer-units-liveness@{name}.service.d/50-liveness.conf"]
+    return dropin
+
+
+def _probe_argv(conf: Path, name: str) -> list[str]:
+    """The probe's command in its drop-in (the reset `ExecStart=` first)."""
+    lines = values(_probe_dropin(conf, name), "Service", "ExecStart")
+    return exec_argv(lines[-1])
+
+
+def test_the_probe_runs_from_its_drop_in_alone(health: Health, tmp_path: Path) -> None:
+    """The drop-in's command carries the URL, [liveness] and the hooks'
+    INFER_UNITS_* settings of [env]: run with no model file on the search
+    path, it probes as the model's file said."""
     conf = tmp_path / "conf"
     conf.mkdir()
     port = health.url.split(":")[2].split("/")[0]
@@ -447,20 +465,25 @@ def test_probe_reads_its_model_by_name(health: Health, tmp_path: Path) -> None:
         f'engine = "command"\ncommand = ["/bin/true"]\nport = {port}\n'
         f'[ready]\nurl = "{health.url}"\n[liveness]\nfailures = 1\ntimeout = "1s"\n'
         f'[env]\nINFER_UNITS_LIVENESS_DIR = "{tmp_path}/state"\n')
-    env = base_env(INFER_UNITS_CONFIG_PATH=str(conf))
-    run_cli("liveness-probe", "--model", "m", env=env, check=0)
+    dropin = _probe_dropin(conf, "m")
+    argv = _probe_argv(conf, "m")
+    assert argv[1:4] == ["liveness-probe", "--unit", "m.service"]
+    settings = dict(v.strip('"').split("=", 1) for v in values(dropin, "Service", "Environment"))
+    assert settings == {"INFER_UNITS_LIVENESS_DIR": f"{tmp_path}/state"}
+    (conf / "m.toml").unlink()      # what runs is the unit's, not the file's
+    run_cli(*argv[1:], env=base_env(INFER_UNITS_CONFIG_PATH=str(conf), **settings), check=0)
     state = json.loads((tmp_path / "state" / "m.liveness.json").read_text())
     assert state["url"] == health.url and state["failures"] == 1 and state["timeout"] == 1.0
     assert state["last_probe"]["ok"] and health.requests == 1
-    done = run_cli("liveness-probe", "--model", "nosuch", env=env)
-    assert done.returncode == 1 and "no model file named nosuch.toml" in done.stdout + done.stderr
+    # The template unit alone (no drop-in): it says what is missing.
+    done = run_cli("liveness-probe", "--unit", "nosuch.service")
+    assert done.returncode == 1 and "no --url" in done.stdout + done.stderr
 
 
-def test_x_and_x_liveness_are_two_models_with_their_own_liveness(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_x_and_x_liveness_are_two_models_with_their_own_liveness(tmp_path: Path) -> None:
     """Issue 19 item 7: a model named like another's companion.  Both pass
     check, each gets one unit wanting its own instance of the template units,
-    and each probe reads (and keeps state for) its own model only."""
+    and each probe's drop-in names its own model only."""
     from infer_units.generator.build import load_all, render_checked
     conf = tmp_path / "conf"
     conf.mkdir()
@@ -472,29 +495,28 @@ def test_x_and_x_liveness_are_two_models_with_their_own_liveness(
     loaded = load_all(dirs=[str(conf)])
     assert not loaded.errors and not loaded.conflicts
     names = {m.name: [u.name for u in render_checked(m)] for m in loaded.models}
-    assert names == {"x": ["x.service"], "x-liveness": [
-        "x-liveness.service", "infer-units-liveness@x-liveness.timer.d/50-liveness.conf"]}
+    assert names == {"x": ["x.service", "infer-units-liveness@x.service.d/50-liveness.conf"],
+                     "x-liveness": [
+        "x-liveness.service", "infer-units-liveness@x-liveness.timer.d/50-liveness.conf",
+        "infer-units-liveness@x-liveness.service.d/50-liveness.conf"]}
     units = {m.name: render_checked(m)[0].text for m in loaded.models}
     assert values(units["x"], "Unit", "Wants")[-1] == "infer-units-liveness@x.timer"
     assert values(units["x-liveness"], "Unit", "Wants")[-1] == \
         "infer-units-liveness@x-liveness.timer"
-    monkeypatch.setenv("INFER_UNITS_CONFIG_PATH", str(conf))
-    x, _ = lv.config_of_model("x")
-    xl, _ = lv.config_of_model("x-liveness")
+    x, xl = _probe_argv(conf, "x"), _probe_argv(conf, "x-liveness")
     # vLLM's /health reads a flag (vllm#36960): its liveness generates one token.
-    assert (x.unit, x.url, x.interval) == ("x.service", "http://127.0.0.1:8000/v1/completions",
-                                           30.0)
-    assert x.post == '{"model": "/m", "prompt": "1", "max_tokens": 1, "temperature": 0}'
-    assert (xl.unit, xl.url, xl.interval) == ("x-liveness.service",
-                                              "http://127.0.0.1:8001/v1/completions", 10.0)
-    assert lv.state_path(x.unit, "/d") != lv.state_path(xl.unit, "/d")
+    assert x[2:10] == ["--unit", "x.service", "--url", "http://127.0.0.1:8000/v1/completions",
+                       "--interval", "30s", "--failures", "4"]
+    assert x[-2:] == ["--post",
+                      '{"model": "/m", "prompt": "1", "max_tokens": 1, "temperature": 0}']
+    assert xl[2:8] == ["--unit", "x-liveness.service",
+                       "--url", "http://127.0.0.1:8001/v1/completions", "--interval", "10s"]
 
 
-def test_the_template_probe_reads_the_probe_kind_from_the_model(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """`liveness-probe --model NAME` (the template unit's argv) probes as the
-    model's file says: SGLang's /health already generates; `probe = "health"`
-    turns vLLM's generation off; a served model name is what is generated with."""
+def test_the_probe_kind_comes_from_the_model(tmp_path: Path) -> None:
+    """The probe's drop-in probes as the model's file says: SGLang's /health
+    already generates; `probe = "health"` turns vLLM's generation off; a
+    served model name is what is generated with."""
     conf = tmp_path / "conf"
     conf.mkdir()
     (conf / "s.toml").write_text('engine = "sglang"\nmodel = "/m"\ngpus = [0]\nport = 8000\n')
@@ -502,14 +524,11 @@ def test_the_template_probe_reads_the_probe_kind_from_the_model(
                                  '[liveness]\nprobe = "health"\n')
     (conf / "n.toml").write_text('engine = "vllm"\nmodel = "/m"\ngpus = [2]\nport = 8002\n'
                                  'args = ["--served-model-name", "tiny \\"q\\""]\n')
-    monkeypatch.setenv("INFER_UNITS_CONFIG_PATH", str(conf))
-    s, _ = lv.config_of_model("s")
-    h, _ = lv.config_of_model("h")
-    n, _ = lv.config_of_model("n")
-    assert (s.url, s.post) == ("http://127.0.0.1:8000/health", None)
-    assert (h.url, h.post) == ("http://127.0.0.1:8001/health", None)
-    assert n.url == "http://127.0.0.1:8002/v1/completions"
-    assert n.post is not None and json.loads(n.post)["model"] == 'tiny "q"'
+    s, h, n = (_probe_argv(conf, name) for name in "shn")
+    assert s[5] == "http://127.0.0.1:8000/health" and "--post" not in s
+    assert h[5] == "http://127.0.0.1:8001/health" and "--post" not in h
+    assert n[5] == "http://127.0.0.1:8002/v1/completions"
+    assert json.loads(n[n.index("--post") + 1])["model"] == 'tiny "q"'
 
 
 # ------------------------------------------------------------------ the cap's ExecStopPost
@@ -613,7 +632,7 @@ def test_interval_dropin_resets_the_timers_once_then_sets_both(tmp_path: Path) -
     (conf / "m.toml").write_text('engine = "vllm"\nmodel = "/m"\ngpus = [0]\nport = 8000\n'
                                  '[liveness]\ninterval = "5s"\n')
     [model] = load_all(dirs=[str(conf)]).models
-    [_unit, dropin] = render_checked(model)
+    [_unit, dropin, _probe] = render_checked(model)
     assert dropin.name == "infer-units-liveness@m.timer.d/50-liveness.conf"
     timer = [(k, v) for k, v in parse_unit(dropin.text)["Timer"] if k.startswith("On")]
     assert timer == [("OnActiveSec", ""), ("OnActiveSec", "5s"), ("OnUnitInactiveSec", "5s")]

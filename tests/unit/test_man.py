@@ -84,3 +84,6 @@ def test_readme_command_table_is_generated_from_the_click_tree() -> None:
         "`python3 tools/clidoc.py` into its Commands section"
     for line in reference.splitlines()[2:]:
         assert not line.startswith(("| `pre-start", "| `wait-ready", "| `wait-free"))
+    # an on/off pair shows both spellings and its default: check verifies unless --no-verify
+    [check] = [line for line in reference.splitlines() if line.startswith("| `check ")]
+    assert check.endswith("`--verify / --no-verify` (verify) |"), check

@@ -132,7 +132,11 @@ def test_venv_install_generates_units_that_call_its_cli(venv: Path, tmp_path: Pa
         assert (out / template).is_file(), template
     probe = values((out / "infer-units-liveness@.service").read_text(), "Service", "ExecStart")
     assert split_words(probe[0], exec_line=True) == [
-        str(venv / "bin/infer-units"), "liveness-probe", "--model", "%i"]
+        str(venv / "bin/infer-units"), "liveness-probe", "--unit", "%i.service"]
+    # and the model's drop-in gives the probe its whole command, calling the venv's CLI
+    dropin = (out / "infer-units-liveness@m.service.d/50-liveness.conf").read_text()
+    assert split_words(values(dropin, "Service", "ExecStart")[-1], exec_line=True)[:2] == [
+        str(venv / "bin/infer-units"), "liveness-probe"]
     # and that CLI runs from the venv, wherever the working directory is
     ran = subprocess.run([hooks[0][0], "pre-start", "--help"], capture_output=True, text=True,
                          timeout=60, cwd="/", env=_clean_env())

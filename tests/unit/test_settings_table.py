@@ -4,11 +4,13 @@ key: it drives parsing, the defaults, the docs, and the Model's attributes
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from infer_units.generator.loader import MergedConfig
 from infer_units.generator.model import Model, build_model
-from infer_units.generator.settings import DERIVED, SETTINGS, Setting
+from infer_units.generator.settings import DERIVED, SETTINGS, Setting, reference_markdown
 
 
 def merged(data: dict) -> MergedConfig:
@@ -53,3 +55,11 @@ def test_a_setting_without_a_declared_attribute_fails_at_once(monkeypatch) -> No
     monkeypatch.setitem(model_module._DEFAULTS, extra.key, extra.default)
     with pytest.raises(TypeError, match="unexpected keyword argument 'ready_extra'"):
         build_model(merged({"engine": "command", "command": ["/bin/true"]}))
+
+
+def test_the_docs_table_is_the_generated_one_with_integers_as_written() -> None:
+    table = reference_markdown()
+    assert "| `liveness.failures` | 4 |" in table
+    assert '| `canary.on-mismatch` | "refuse" |' in table
+    docs = Path(__file__).parents[2] / "docs" / "model-files.md"
+    assert table in docs.read_text()

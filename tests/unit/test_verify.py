@@ -82,7 +82,7 @@ def verify(verify_root: Path, units: list[Path], out: Path | None = None,
         files = list(units)
     for unit in files:
         for key, value in parse_unit(unit.read_text()).get("Service", []):
-            if key.startswith("Exec"):
+            if key.startswith("Exec") and value:      # not a reset (`ExecStart=`)
                 _stub(verify_root, exec_argv(value)[0])
     return subprocess.run([ANALYZE, "verify", "--man=no", f"--root={verify_root}",
                            *[u.name for u in units], *instances(units)],

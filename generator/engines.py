@@ -109,9 +109,9 @@ ENGINE_SPECS: dict[str, EngineSpec] = {
                        p2p_off_env=(("VLLM_ALLREDUCE_USE_FLASHINFER", "0"),
                                     ("VLLM_ALLREDUCE_USE_SYMM_MEM", "0")),
                        # Its copy test between every GPU pair in subprocesses
-                       # (custom_all_reduce_utils.py gpu_p2p_access_check),
-                       # up to a minute at TP 8; the vLLM read here already
-                       # skips it by default, older ones ran it unless set.
+                       # (all_reduce_utils.py gpu_p2p_access_check, asked by
+                       # custom_all_reduce.py), up to a minute at TP 8; the
+                       # vLLM run here skips it by default, older ones ran it.
                        p2p_ok_env=(("VLLM_SKIP_P2P_CHECK", "1"),),
                        canary_api="openai", version_path="/version", version_keys=("version",)),
     # python -m tensorrt_llm.commands.serve M --tp_size N (the trtllm-serve entry

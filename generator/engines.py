@@ -41,6 +41,9 @@ class EngineSpec:
     # NCCL_P2P_DISABLE=1 does not reach
     p2p_off_args: tuple[str, ...] = ()
     p2p_off_env: tuple[tuple[str, str], ...] = ()
+    # Environment for a start whose GPUs the P2P self-test has just found
+    # working: the engine's own, slower check of the same is skipped.
+    p2p_ok_env: tuple[tuple[str, str], ...] = ()
     # Ports and paths the engine fixes by default, so two instances on one
     # host collide: (flag, offset from the model's port) and (flag, pattern
     # with {name}); rendered unless the user's args set the flag.
@@ -105,6 +108,11 @@ ENGINE_SPECS: dict[str, EngineSpec] = {
                        p2p_off_args=_NO_CUSTOM_ALL_REDUCE,
                        p2p_off_env=(("VLLM_ALLREDUCE_USE_FLASHINFER", "0"),
                                     ("VLLM_ALLREDUCE_USE_SYMM_MEM", "0")),
+                       # Its copy test between every GPU pair in subprocesses
+                       # (all_reduce_utils.py gpu_p2p_access_check, asked by
+                       # custom_all_reduce.py), up to a minute at TP 8; the
+                       # vLLM run here skips it by default, older ones ran it.
+                       p2p_ok_env=(("VLLM_SKIP_P2P_CHECK", "1"),),
                        canary_api="openai", version_path="/version", version_keys=("version",)),
     # python -m tensorrt_llm.commands.serve M --tp_size N (the trtllm-serve entry
     # point).  SIGTERM is uvicorn's: it closes the port (new connections are

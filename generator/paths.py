@@ -22,6 +22,10 @@ CLI_NAME = "infer-units"
 # env files, start claims, the drain fence, metrics state, the P2P cache,
 # liveness state, and the first directory of the model search path.
 RUN_DIR = "/run/infer-units"
+# Where each model's compile caches live, kept across restarts and reboots:
+# systemd's CacheDirectory=infer-units/<name> (a system unit's is under
+# /var/cache), owned by the model's User= and 0700 (docs/trust.md).
+CACHE_DIR = "/var/cache/infer-units"
 
 
 def run_dir() -> str:

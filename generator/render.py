@@ -21,7 +21,8 @@ from .systemdversion import RESTART_STEPS_SINCE, systemd_version
 from .systemd_quote import (comment_text, environment_assignments, exec_line, exec_word,
                             exec_words, path_value, plain_value, unquoted_word)
 
-from .paths import DEB_CLI, HOOK_CLI, RUN_DIR   # the CLI the hooks call (generator/paths.py)
+# the CLI the hooks call, the runtime and cache directories (generator/paths.py)
+from .paths import CACHE_DIR, DEB_CLI, HOOK_CLI, RUN_DIR
 from .urls import parse_url
 
 if TYPE_CHECKING:
@@ -41,6 +42,22 @@ P2P_ARGS_VAR = "INFER_UNITS_P2P_OFF_ARGS"
 # How wait-ready is started: with SIGTERM already blocked (render()).
 BLOCK_SIGTERM = ("/usr/bin/env", "--block-signal=TERM")
 VLLM_DEFAULT_READY_S = 600   # vLLM's own VLLM_ENGINE_READY_TIMEOUT_S default
+
+# What the engines compile at start, each in a subdirectory of the model's
+# CacheDirectory= (docs/engines.md, "Compile caches").  Every model gets all
+# of them: vLLM, SGLang, TRT-LLM and TGI's shards are torch programs
+# (inductor, Triton), vLLM and SGLang run FlashInfer, a CUDA program with
+# no kernel for its GPU has the driver JIT PTX, and a command may be any of
+# these; a variable a server never reads costs nothing.  Not XDG_CACHE_HOME:
+# it moves the Hugging Face hub cache too ($XDG_CACHE_HOME/huggingface), and
+# a hub id already downloaded into the user's cache would be fetched again.
+CACHE_ENV = (
+    ("TORCHINDUCTOR_CACHE_DIR", "torchinductor"),   # default /tmp/torchinductor_<user>
+    ("TRITON_CACHE_DIR", "triton"),                 # default ~/.triton/cache
+    ("VLLM_CACHE_ROOT", "vllm"),                    # default ~/.cache/vllm (torch.compile's)
+    ("FLASHINFER_WORKSPACE_BASE", "flashinfer"),    # its JIT cache is <base>/.cache/flashinfer
+    ("CUDA_CACHE_PATH", "cuda"),                    # default ~/.nv/ComputeCache
+)
 
 _INSTALL_DIRS = {"WantedBy": ".wants", "RequiredBy": ".requires", "UpheldBy": ".upholds"}
 
@@ -166,6 +183,9 @@ def _environment(m: Model, selector: str | None, by_name: bool) -> str:
         env["VLLM_WORKER_SHUTDOWN_TIMEOUT_SECONDS"] = "10"
     if m.drain == 0:
         env.update(spec.no_drain_env)     # SGLang: no wait for its requests in flight
+    # The literal path, not $CACHE_DIRECTORY: Environment= expands nothing.
+    # [env] below overrides them.
+    env.update((name, f"{CACHE_DIR}/{m.name}/{sub}") for name, sub in CACHE_ENV)
     env.update(m.nccl_env)
     env.update(m.env)
     return "\n".join(["Environment=" + text for text in environment_assignments(env)])
@@ -260,6 +280,10 @@ def _exec_start_pre(m: Model, selector: str | None, by_name: bool, ignore: list[
             argv.append("--p2p-off-args=" + " ".join(spec.p2p_off_args))
         for name, value in spec.p2p_off_env:
             argv += ["--p2p-off-env", f"{name}={value}"]
+        for name, value in spec.p2p_ok_env:
+            # The env file would override the operator's own [env] setting.
+            if name not in m.env:
+                argv += ["--p2p-ok-env", f"{name}={value}"]
         if spec.module:
             argv += ["--python", m.python]
         # The self-test has the server's [env] and nothing of the hook's.

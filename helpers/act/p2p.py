@@ -27,6 +27,9 @@ class P2PVerdict:
     cached: bool
     reason: str
     report: dict[str, object]
+    # The self-test copied between the GPUs (now or earlier this boot); not
+    # for one GPU, where there is nothing to test.
+    tested: bool = True
 
 
 def _boot_id() -> str:
@@ -130,10 +133,11 @@ OFF_ARGS_VAR = "INFER_UNITS_P2P_OFF_ARGS"
 def check_p2p(gpus: list[Gpu], env_file: str | None, python: str,
               timeout: float = 90.0, off_args: str = "",
               off_env: dict[str, str] | None = None, user: str | None = None,
-              server_env: dict[str, str] | None = None) -> P2PVerdict:
+              server_env: dict[str, str] | None = None,
+              ok_env: dict[str, str] | None = None) -> P2PVerdict:
     if len(gpus) < 2:
-        verdict = P2PVerdict(True, False, "one GPU: no peer traffic", {})
-        _apply(verdict, env_file, off_args, off_env or {})
+        verdict = P2PVerdict(True, False, "one GPU: no peer traffic", {}, tested=False)
+        _apply(verdict, env_file, off_args, off_env or {}, ok_env or {})
         return verdict
     path = cache_path(gpus, _tester(python, user))
     boot = _boot_id()
@@ -141,7 +145,7 @@ def check_p2p(gpus: list[Gpu], env_file: str | None, python: str,
         cached = json.loads(read_text(path) or "{}")
         if cached.get("boot_id") == boot:
             verdict = P2PVerdict(bool(cached["ok"]), True, str(cached["reason"]), cached["report"])
-            _apply(verdict, env_file, off_args, off_env or {})
+            _apply(verdict, env_file, off_args, off_env or {}, ok_env or {})
             return verdict
     except (OSError, ValueError, KeyError, AttributeError):
         pass
@@ -152,7 +156,7 @@ def check_p2p(gpus: list[Gpu], env_file: str | None, python: str,
         # Could not test: P2P off to be safe, and no cache so the next start tries again.
         verdict = P2PVerdict(False, False, f"self-test could not run ({report.get('error')}); "
                              "P2P disabled to be safe", report)
-        _apply(verdict, env_file, off_args, off_env or {})
+        _apply(verdict, env_file, off_args, off_env or {}, ok_env or {})
         return verdict
     else:
         pairs = report.get("pairs")
@@ -167,21 +171,33 @@ def check_p2p(gpus: list[Gpu], env_file: str | None, python: str,
     write_file(path, json.dumps({"boot_id": boot, "ok": verdict.ok, "reason": verdict.reason,
                                  "report": verdict.report, "gpus": [g.uuid for g in gpus]}),
                dir_mode=0o755)
-    _apply(verdict, env_file, off_args, off_env or {})
+    _apply(verdict, env_file, off_args, off_env or {}, ok_env or {})
     return verdict
 
 
-def _apply(verdict: P2PVerdict, env_file: str | None, off_args: str,
-           off_env: dict[str, str]) -> None:
-    """The verdict into the unit's env file: P2P off is NCCL_P2P_DISABLE=1 plus
-    what the engine needs for its own peer-access kernels (argv through
-    $INFER_UNITS_P2P_OFF_ARGS, environment); P2P on removes all of it."""
-    env = {"NCCL_P2P_DISABLE": "1", **off_env}
+def verdict_env(verdict: P2PVerdict, off_args: str, off_env: dict[str, str],
+                ok_env: dict[str, str]) -> dict[str, str | None]:
+    """What the verdict sets (None: removes) in the unit's env file.  P2P off
+    is NCCL_P2P_DISABLE=1 plus what the engine needs for its own peer-access
+    kernels (argv through $INFER_UNITS_P2P_OFF_ARGS, environment); P2P on
+    removes all of it.  `ok_env` (vLLM's VLLM_SKIP_P2P_CHECK=1) only where
+    the self-test copied between these GPUs and found P2P working; otherwise
+    the engine's own check stays as the engine sets it."""
+    off = {"NCCL_P2P_DISABLE": "1", **off_env}
     if off_args:
-        env[OFF_ARGS_VAR] = off_args
-    off = " ".join(f"{k}={v}" for k, v in env.items())
+        off[OFF_ARGS_VAR] = off_args
+    verified = verdict.ok and verdict.tested
+    return {**{k: None if verdict.ok else v for k, v in off.items()},
+            **{k: v if verified else None for k, v in ok_env.items()}}
+
+
+def _apply(verdict: P2PVerdict, env_file: str | None, off_args: str,
+           off_env: dict[str, str], ok_env: dict[str, str]) -> None:
+    """The verdict into the unit's env file (verdict_env())."""
+    env = verdict_env(verdict, off_args, off_env, ok_env)
+    off = " ".join(f"{k}={v}" for k, v in env.items() if k not in ok_env)
     if env_file:
-        update_env_file(env_file, {k: None if verdict.ok else v for k, v in env.items()})
+        update_env_file(env_file, env)
         state = "on" if verdict.ok else f"OFF ({off} in {env_file})"
     else:
         state = "on" if verdict.ok else f"broken (would set {off})"

@@ -160,6 +160,9 @@ def pre_start(argv: list[str]) -> int:
     p.option("--p2p-off-env", action="append", default=[], metavar="NAME=VALUE",
              help="environment that P2P off needs beyond NCCL_P2P_DISABLE=1 "
                   "(e.g. VLLM_ALLREDUCE_USE_FLASHINFER=0), written to the env file")
+    p.option("--p2p-ok-env", action="append", default=[], metavar="NAME=VALUE",
+             help="environment for a start whose self-test found P2P working "
+                  "(e.g. VLLM_SKIP_P2P_CHECK=1), written to the env file")
     p.option("--accept-health", type=checked(argtypes.health_checks), default=(),
              metavar="CHECK,...", help="[health] accept: health checks whose errors do "
                                        "not refuse the start")
@@ -424,7 +427,9 @@ def _start_checks(a: argparse.Namespace, unit: str, claims: GpuClaims | None,
                                                     for v in a.p2p_off_env),
                                        user=a.user,
                                        server_env=dict(v.partition("=")[::2]
-                                                       for v in a.p2p_env)))
+                                                       for v in a.p2p_env),
+                                       ok_env=dict(v.partition("=")[::2]
+                                                   for v in a.p2p_ok_env)))
         except EnvFileError as e:
             _say(str(e), ERR)
             return exitcodes.CONFIG_ERROR

@@ -225,8 +225,11 @@ def test_purge_leaves_no_dangling_link(box) -> None:
            "systemctl reset-failed infer-units-liveness@keeper.service || true")
     box.sh("test -L /etc/systemd/system/multi-user.target.wants/infer-units.target && "
            "test -L /etc/systemd/system/graphical.target.wants/infer-units.target")
+    box.sh("test -d /var/cache/infer-units/keeper")     # its unit's CacheDirectory=
     box.sh(f"{APT} purge infer-units", timeout=600, net=True)
     assert dangling_links(box) == []
+    # the models' compile caches are the package's to remove
+    assert box.sh("test -e /var/cache/infer-units", check=False).returncode != 0
     box.sh("systemctl daemon-reload")
     assert show(box, "infer-units.target", "LoadState")["LoadState"] == "not-found"
     assert show(box, "keeper.service", "LoadState")["LoadState"] == "not-found"

@@ -170,6 +170,42 @@ def test_p2p_without_torch_disables_p2p_and_does_not_cache(fake_gpus: FakeGpus,
     assert not (tmp_path / "p2p").exists()
 
 
+def _pre_start_p2p(fake: FakeGpus, tmp_path: Path, gpus: str,
+                   **env: str) -> subprocess.CompletedProcess[str]:
+    """pre-start's self-test as a vLLM unit renders it (--p2p-ok-env)."""
+    server_env = [f"--p2p-env={k}={v}" for k, v in
+                  {"PYTHONPATH": str(FAKE_TORCH), **env}.items()]
+    return run_cli("pre-start", "--unit", "m.service", "--gpus", gpus, "--p2p",
+                   "--env-file", str(tmp_path / "m.env"), "--python", PYTHON,
+                   "--p2p-off-env", "VLLM_ALLREDUCE_USE_FLASHINFER=0",
+                   "--p2p-ok-env", "VLLM_SKIP_P2P_CHECK=1", *server_env,
+                   env=fake.env(INFER_UNITS_P2P_CACHE=str(tmp_path / "p2p"),
+                                INFER_UNITS_P2P_MIB="1",
+                                INFER_UNITS_STATE_DIR=str(tmp_path / "state")))
+
+
+def test_a_verified_p2p_skips_vllms_own_check(fake_gpus: FakeGpus, tmp_path: Path) -> None:
+    done = _pre_start_p2p(fake_gpus, tmp_path, "0,1")
+    assert done.returncode == 0, done.stderr
+    assert "P2P on: every GPU pair copied" in done.stderr
+    assert (tmp_path / "m.env").read_text() == "VLLM_SKIP_P2P_CHECK=1\n"
+
+
+def test_a_failed_p2p_test_leaves_vllms_own_check(fake_gpus: FakeGpus, tmp_path: Path) -> None:
+    # A pass written earlier (another boot) no longer counts.
+    (tmp_path / "m.env").write_text("VLLM_SKIP_P2P_CHECK=1\n")
+    done = _pre_start_p2p(fake_gpus, tmp_path, "0,1", FAKE_TORCH_CORRUPT="0>1")
+    assert done.returncode == 0, done.stderr
+    assert (tmp_path / "m.env").read_text() == \
+        "NCCL_P2P_DISABLE=1\nVLLM_ALLREDUCE_USE_FLASHINFER=0\n"
+
+
+def test_one_gpu_verifies_no_p2p(fake_gpus: FakeGpus, tmp_path: Path) -> None:
+    done = _pre_start_p2p(fake_gpus, tmp_path, "2")
+    assert done.returncode == 0, done.stderr
+    assert "VLLM_SKIP_P2P_CHECK" not in (tmp_path / "m.env").read_text()
+
+
 # ---------------------------------------------------------------- metrics
 
 def test_metrics_textfile_written_atomically(fake_gpus: FakeGpus, holders, tmp_path: Path) -> None:

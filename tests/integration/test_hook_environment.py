@@ -1,4 +1,4 @@
-"""The root hooks never run with the server's environment (issue 19 #2): a
+"""The root hooks never run with the server's environment: a
 model's [env] reaches every command of its unit, the `+` hooks included, so
 the installed CLI (what units run) keeps only what systemd tells a command,
 a fixed PATH and the operator's hook settings; the test variables

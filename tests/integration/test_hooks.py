@@ -248,7 +248,7 @@ def test_status_json_schema_without_systemd(fake_gpus: FakeGpus, holders, tmp_pa
     assert [g["index"] for g in m["gpu"]["gpus"]] == [2, 3]
     assert [(p["pid"], p["kind"]) for p in m["gpu"]["processes"]] == [(h.pid, "foreign")]
     # What answers on the port is this test, not the model: named, never its health
-    # (issue 37; the model's own answer is tested under systemd, tests/e2e/test_e2e.py).
+    # (the model's own answer is tested under systemd, tests/e2e/test_e2e.py).
     assert m["health"]["ok"] is False and m["health"]["foreign"] is True, m["health"]
     assert [p["pid"] for p in m["port_view"]["foreign"]] == [os.getpid()]
     table = run_cli("status", env=env, check=1).stdout   # 1: no systemd here

@@ -1,4 +1,4 @@
-"""Hostile model files and trees (docs/model-files.md, "Bad input"; issue 10): each is one
+"""Hostile model files and trees (docs/model-files.md, "Bad input"): each is one
 log line naming the file, the key when there is one, and the reason; no
 traceback; the good neighbour is still generated; `infer-units check` says
 the same and exits 1.  Then the hostile-but-accepted corpus: what must be

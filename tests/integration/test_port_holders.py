@@ -1,5 +1,5 @@
-"""pre-start and the ports the server binds (issue 37 item 5, issue 40's
-derived ports): a foreign holder is named at once, the start fails fast or
+"""pre-start and the ports the server binds (the HTTP port and
+the ports the engine derives from it): a foreign holder is named at once, the start fails fast or
 waits visibly as `[reap] foreign` says, every port given is checked, and the
 hook's last line says what its exit code means (systemd shows 2 as
 INVALIDARGUMENT and 3 as NOTIMPLEMENTED)."""

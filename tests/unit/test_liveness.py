@@ -481,7 +481,7 @@ def test_the_probe_runs_from_its_drop_in_alone(health: Health, tmp_path: Path) -
 
 
 def test_x_and_x_liveness_are_two_models_with_their_own_liveness(tmp_path: Path) -> None:
-    """Issue 19 item 7: a model named like another's companion.  Both pass
+    """A model named like another's companion.  Both pass
     check, each gets one unit wanting its own instance of the template units,
     and each probe's drop-in names its own model only."""
     from infer_units.generator.build import load_all, render_checked

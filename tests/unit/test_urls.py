@@ -1,6 +1,6 @@
 """One reader of URLs, hosts and host:port (generator/urls.py) for the
 generator and every hook, and one HTTP probe (helpers/facts/probe.py) for
-readiness and liveness (issue 19 #9).
+readiness and liveness.
 
 The property: for any text in a URL-ish key ([ready] url, [nodes] head-url,
 host, [nodes] addr), the generator accepts the model exactly when the hook

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from .e2e_support import add_model, alive, holders, model_toml, show, wait_until
+from .e2e_support import add_model, alive, health_status, holders, model_toml, show, wait_until
 
 pytestmark = pytest.mark.e2e
 
@@ -91,9 +91,7 @@ def test_start_returns_only_when_health_answers(box) -> None:
     box.sh("systemctl restart alpha")
     took = time.monotonic() - started
     assert took >= 1.5, "restart returned before the 1.5 s load finished"
-    health = box.sh("python3 -c \"import urllib.request as u; "
-                    "print(u.urlopen('http://127.0.0.1:18001/health').status)\"")
-    assert health.stdout.strip() == "200"
+    assert health_status(box, 18001) == "200"
     assert "answered HTTP 200" in box.journal("alpha.service")
 
 

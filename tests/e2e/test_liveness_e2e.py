@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from .e2e_support import add_model, model_toml, show, wait_until
+from .e2e_support import add_model, health_status, model_toml, show, wait_until
 
 pytestmark = pytest.mark.e2e
 
@@ -46,10 +46,7 @@ def unit(box, name: str) -> dict[str, str]:
 
 
 def healthy(box, port: int) -> bool:
-    done = box.sh(f"python3 -c \"import urllib.request as u; "
-                  f"print(u.urlopen('http://127.0.0.1:{port}/health', timeout=2).status)\"",
-                  check=False)
-    return done.stdout.strip() == "200"
+    return health_status(box, port, timeout=2) == "200"
 
 
 def timer_state(box, name: str) -> str:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import atexit
 import functools
+import http.server
 import json
 import os
 import shutil
@@ -13,8 +14,10 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -242,3 +245,19 @@ def fake_driver(tmp: Path) -> ProcBackend:
     for name in ("nvidia0", "nvidia1", "nvidia2", "nvidiactl", "nvidia-uvm"):
         (dev / name).touch()
     return ProcBackend(str(proc), str(dev))
+
+
+@contextmanager
+def http_server(handler: type[http.server.BaseHTTPRequestHandler], host: str = "127.0.0.1",
+                server_class: type[http.server.ThreadingHTTPServer] = http.server.ThreadingHTTPServer,
+                ) -> Iterator[http.server.ThreadingHTTPServer]:
+    """A real HTTP server on a free port of `host`, answering with `handler` from
+    a thread per request until the block ends; then shut down and closed."""
+    httpd = server_class((host, 0), handler)
+    httpd.daemon_threads = True
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    try:
+        yield httpd
+    finally:
+        httpd.shutdown()
+        httpd.server_close()

@@ -9,6 +9,7 @@ real one)."""
 
 from __future__ import annotations
 
+import contextlib
 import http.server
 import json
 import socket
@@ -22,7 +23,7 @@ import pytest
 
 from infer_units.helpers.act import liveness as lv
 from infer_units.helpers.act import metrics
-from ..support import base_env, needs_root, run_cli
+from ..support import base_env, http_server, needs_root, run_cli
 from ..unitfile import exec_argv, values
 
 
@@ -59,21 +60,16 @@ class Health:
             def log_message(self, *args: object) -> None:
                 pass
 
-        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.httpd.daemon_threads = True
-        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/health"
-        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
-
-    def close(self) -> None:
-        self.httpd.shutdown()
-        self.httpd.server_close()
+        self.handler = Handler
+        self.url = ""             # set once it listens
 
 
 @pytest.fixture
 def health():
     server = Health()
-    yield server
-    server.close()
+    with http_server(server.handler) as httpd:
+        server.url = f"http://127.0.0.1:{httpd.server_address[1]}/health"
+        yield server
 
 
 # ------------------------------------------------------------------ the probe
@@ -132,17 +128,13 @@ def test_ipv6_literal() -> None:
         def log_message(self, *args: object) -> None:
             pass
 
-    try:
-        httpd = V6(("::1", 0), Handler)
-    except OSError:
-        pytest.skip("::1 not available")
-    threading.Thread(target=httpd.serve_forever, daemon=True).start()
-    try:
+    with contextlib.ExitStack() as stack:
+        try:
+            httpd = stack.enter_context(http_server(Handler, "::1", V6))
+        except OSError:
+            pytest.skip("::1 not available")
         answer = lv.http_probe(f"http://[::1]:{httpd.server_address[1]}/v1/alive", 2.0)
         assert answer.ok and answer.text == "HTTP 204"
-    finally:
-        httpd.shutdown()
-        httpd.server_close()
 
 
 # ------------------------------------------------------------------ the decision

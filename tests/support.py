@@ -208,6 +208,16 @@ def holders_of(paths: set[str]) -> list[int]:
     return found
 
 
+def alive(pid: int) -> bool:
+    """The pid is a process that has not exited: there, and not a zombie
+    (the GPU harness and bench/llama_restart_bench.py use it too)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
 def wait_until(predicate: Callable[[], object], timeout: float = 10.0, step: float = 0.02,
                max_step: float = 0.2) -> bool:
     """The tests' one wait: poll `predicate` until it holds or `timeout`

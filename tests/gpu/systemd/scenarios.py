@@ -36,6 +36,9 @@ if FAKE:
 os.environ["PATH"] = "/usr/sbin:/usr/bin:/sbin:/bin"
 from infer_units.helpers.facts import gpus as gpus_mod  # noqa: E402
 
+sys.path.insert(0, "/opt/iu-gpu/bench-tree")    # the tests' package, carried for s8 and l7
+from tests.support import alive  # noqa: E402
+
 HOSTPY = "/usr/local/bin/host-python"
 SERVER = "/run/iu-gpu/server.py"
 GIB = 0.0 if FAKE else 20.0          # per TP worker, scenario 1
@@ -178,14 +181,6 @@ def health(port: int, timeout: float = 180) -> dict[str, Any]:
             if time.monotonic() > deadline:
                 raise
             time.sleep(0.1)
-
-
-def alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
 
 
 class Sampler:

@@ -195,8 +195,8 @@ def test_hostile_input_is_one_line_and_spares_the_neighbour(case: str, tmp_path:
     out.mkdir()
     started = time.monotonic()
     done = subprocess.run([PYTHON, "-m", "infer_units.generator.main", str(out)],
-                          capture_output=True, text=True, timeout=60, env=env_for(etc, units))
-    assert time.monotonic() - started < 20, "the generator took too long (blocked?)"
+                          capture_output=True, text=True, timeout=600, env=env_for(etc, units))
+    assert time.monotonic() - started < 120, "the generator took too long (blocked?)"
     assert done.returncode == 0, done.stderr
     assert "Traceback" not in done.stderr
     log = done.stderr.splitlines()

@@ -44,7 +44,13 @@ import time
 import tomllib
 import urllib.error
 import urllib.request
+from pathlib import Path
 from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))      # the tests are a package
+
+from tests.support import alive  # noqa: E402
 
 WORK = "/run/iu-llama-bench"
 GENERATED, BARE = "llbench", "llbare"
@@ -112,14 +118,6 @@ def wait_2xx(port: int, timeout: float = WAIT_S,
         if time.monotonic() > deadline:
             raise TimeoutError(f"port {port}: no 2xx within {timeout:.0f} s")
         time.sleep(0.02)
-
-
-def alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
 
 
 class Poller:

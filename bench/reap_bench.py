@@ -5,7 +5,7 @@ of deciding whom to reap on a host with many idle processes.
     python3 bench/reap_bench.py [--trials 20] [--idle 10000] [--gib 20 | --gib 10,6]
 
 Backend: NVML when GPUs are there (holders are torch processes holding --gib
-GiB each, or one size each: `--gib 10,6` is issue 21's scene), else the fake
+GiB each, or one size each: `--gib 10,6` is the scene reap is measured on), else the fake
 backend (holders hold fake device files).
 
 1. Latency.  Each trial starts holders, then runs the reaper (in this
@@ -109,8 +109,8 @@ def start_holders(b, sizes: list[float],  # type: ignore[no-untyped-def]
 GOAL_OVER_TEARDOWN_MS = 300
 GOAL_FASTER = 15
 
-# Issue 21's scene had, beside the GPU's holders, a process whose command
-# line named sglang and that used no GPU (killall.py killed it too): here an
+# The scene reap is measured on has, beside the GPU's holders, a process whose
+# command line names sglang and that uses no GPU (killall.py kills it too): here an
 # operator's benchmark client, as its command line reads.  It holds no GPU,
 # so it is no one's to kill; every run of reap and of killall.py has one.
 BYSTANDER = ("import signal; signal.pause()", "sglang.bench_serving", "--backend", "sglang")
@@ -345,7 +345,7 @@ def main() -> int:
     p.add_argument("--holders", type=int, default=2)
     p.add_argument("--gib", default="20",
                    help="GPU memory per holder (NVML), GiB: one figure for --holders of that "
-                        "size, or one per holder (\"10,6\": issue 21's scene, a 10 GB and a 6 GB)")
+                        "size, or one per holder (\"10,6\": a 10 GB and a 6 GB holder)")
     p.add_argument("--idle", type=int, default=10000)
     p.add_argument("--killall", type=Path, metavar="PATH",
                    help="SGLang's sglang/cli/killall.py: run on the same holders, side by "

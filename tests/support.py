@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import atexit
 import functools
+import http.server
 import json
 import os
 import shutil
@@ -13,8 +14,10 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -205,6 +208,16 @@ def holders_of(paths: set[str]) -> list[int]:
     return found
 
 
+def alive(pid: int) -> bool:
+    """The pid is a process that has not exited: there, and not a zombie
+    (the GPU harness and bench/llama_restart_bench.py use it too)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
 def wait_until(predicate: Callable[[], object], timeout: float = 10.0, step: float = 0.02,
                max_step: float = 0.2) -> bool:
     """The tests' one wait: poll `predicate` until it holds or `timeout`
@@ -242,3 +255,19 @@ def fake_driver(tmp: Path) -> ProcBackend:
     for name in ("nvidia0", "nvidia1", "nvidia2", "nvidiactl", "nvidia-uvm"):
         (dev / name).touch()
     return ProcBackend(str(proc), str(dev))
+
+
+@contextmanager
+def http_server(handler: type[http.server.BaseHTTPRequestHandler], host: str = "127.0.0.1",
+                server_class: type[http.server.ThreadingHTTPServer] = http.server.ThreadingHTTPServer,
+                ) -> Iterator[http.server.ThreadingHTTPServer]:
+    """A real HTTP server on a free port of `host`, answering with `handler` from
+    a thread per request until the block ends; then shut down and closed."""
+    httpd = server_class((host, 0), handler)
+    httpd.daemon_threads = True
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    try:
+        yield httpd
+    finally:
+        httpd.shutdown()
+        httpd.server_close()

@@ -5,14 +5,13 @@ same .deb on every suite)."""
 
 from __future__ import annotations
 
-import os
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from .container import Container, available, suites
+from .container import Container, available, kept_or_shut_down, suites
 from .e2e_support import install_fake_gpus, install_fakes, model_toml
 
 HERE = Path(__file__).resolve().parent
@@ -41,8 +40,7 @@ def deb() -> Path:
 
 @pytest.fixture(scope="session", params=suites())
 def box(request: pytest.FixtureRequest, deb: Path) -> Iterator[Container]:
-    c = Container(request.param)
-    try:
+    with kept_or_shut_down(Container(request.param)) as c:
         c.boot()
         install_fakes(c, ROOT)
         install_fake_gpus(c)
@@ -51,8 +49,3 @@ def box(request: pytest.FixtureRequest, deb: Path) -> Iterator[Container]:
         done = c.install_deb(deb)
         c.install_output = done.stdout + done.stderr  # type: ignore[attr-defined]
         yield c
-    finally:
-        if os.environ.get("INFER_UNITS_E2E_KEEP"):
-            print(f"e2e container kept at {c.root}")
-        else:
-            c.shutdown()

@@ -24,6 +24,8 @@ import stat
 import subprocess
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 CACHE = Path(os.environ.get("INFER_UNITS_E2E_CACHE", "/var/cache/infer-units-e2e"))
@@ -120,6 +122,20 @@ def ensure_base(suite: str = "bookworm") -> Path:
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return tar
+
+
+@contextmanager
+def kept_or_shut_down(c: "Container") -> Iterator["Container"]:
+    """The container for a fixture's block, shut down when the block ends however
+    it ends; with INFER_UNITS_E2E_KEEP set it is left running, for a look
+    inside, and its root is said."""
+    try:
+        yield c
+    finally:
+        if os.environ.get("INFER_UNITS_E2E_KEEP"):
+            print(f"e2e container kept at {c.root}")
+        else:
+            c.shutdown()
 
 
 class Container:

@@ -100,6 +100,16 @@ def holders(box, gpus: str) -> list[dict]:
     return json.loads(out)["holders"]
 
 
+def health_status(box, port: int, timeout: float | None = None) -> str:
+    """The HTTP status 127.0.0.1:PORT/health answers inside the container
+    ("200"), asked from there (the container has its own network); "" when it
+    answers no 2xx or 3xx, or nothing answers within `timeout` (None: wait)."""
+    done = box.sh(f"python3 -c \"import urllib.request as u; "
+                  f"print(u.urlopen('http://127.0.0.1:{port}/health', timeout={timeout!r}).status)\"",
+                  check=False)
+    return done.stdout.strip()
+
+
 def alive(box, pid: int) -> bool:
     state = box.sh(f"cat /proc/{pid}/stat 2>/dev/null || true").stdout
     return bool(state) and state.rsplit(")", 1)[1].split()[0] != "Z"

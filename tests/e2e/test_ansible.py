@@ -1,4 +1,4 @@
-"""The Ansible role of contrib/ansible (issue 41) against real systemd: the
+"""The Ansible role of contrib/ansible against real systemd: the
 controller is this machine (ansible-core from tools/setup's venv), each managed
 host a Debian container booted for this module, reached through the nsenter
 connection in ansible_plugins/ (no sshd in the container; its own network

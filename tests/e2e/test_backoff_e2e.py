@@ -1,4 +1,4 @@
-"""Crash loops under real systemd (issue 40): each automatic restart waits
+"""Crash loops under real systemd: each automatic restart waits
 longer, up to a ceiling (systemd >= 254 by itself: RestartSteps=,
 RestartMaxDelaySec=; systemd 252: pre-start waits out the rest), the journal
 says so at each step, the loop never ends failed, and a server that comes up
@@ -109,7 +109,7 @@ def test_a_gpu_this_host_does_not_have_ends_failed_without_restarts(box) -> None
 
 
 def test_a_missing_model_path_ends_failed_without_restarts(box) -> None:
-    """A model whose path is not on this host (issue 37 item 6): pre-start
+    """A model whose path is not on this host: pre-start
     names the path and cancels its own start, so the unit ends failed with no
     automatic restart; once the path is there the same unit starts, and
     systemd read RequiresMountsFor= (a space, '%' and quotes in the path) as

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from .e2e_support import add_model, alive, holders, model_toml, show, wait_until
+from .e2e_support import add_model, alive, health_status, holders, model_toml, show, wait_until
 
 pytestmark = pytest.mark.e2e
 
@@ -91,9 +91,7 @@ def test_start_returns_only_when_health_answers(box) -> None:
     box.sh("systemctl restart alpha")
     took = time.monotonic() - started
     assert took >= 1.5, "restart returned before the 1.5 s load finished"
-    health = box.sh("python3 -c \"import urllib.request as u; "
-                    "print(u.urlopen('http://127.0.0.1:18001/health').status)\"")
-    assert health.stdout.strip() == "200"
+    assert health_status(box, 18001) == "200"
     assert "answered HTTP 200" in box.journal("alpha.service")
 
 
@@ -220,8 +218,8 @@ def test_status_reads_systemd_over_dbus(box) -> None:
     assert len(own) == 3 and main_pid in {p["pid"] for p in own}
     assert m["metrics"]["reaps_total"] >= 1
     # every model: exit 0, or 3 should an earlier test have left one failed, or 1
-    # for the broken model files earlier tests left (issue 37: a file that does
-    # not load fails status); never systemd out of reach
+    # for the broken model files earlier tests left (a file that does not
+    # load fails status); never systemd out of reach
     done = box.sh("INFER_UNITS_FAKE_GPUS=/etc/infer-units/fakegpus.json infer-units status",
                   check=False)
     assert done.returncode in (0, 3) or (done.returncode == 1 and "model file error" in

@@ -1,6 +1,6 @@
 """Files across the trust boundary under real systemd (README "Trust model",
-generator/atomicfile.py): the metrics attack of issue 19 #3 through a real
-unit's root hooks, and their directories under a unit's `UMask=0000` (#6).
+generator/atomicfile.py): the metrics textfile attack (below) through a
+real unit's root hooks, and their directories under a unit's `UMask=0000`.
 
 The host is laid out as Debian's prometheus-node-exporter leaves it: the
 textfile directory is root's 0755, its parent belongs to the exporter's
@@ -69,7 +69,7 @@ def test_the_metrics_attack_through_a_real_units_hooks(box, attacked) -> None:
     files = box.sh("find /run/infer-units -type f -printf '%m %u %p\\n'").stdout.splitlines()
     assert {"/run/infer-units", "/run/infer-units/gpu", "/run/infer-units/state"} <= \
         {line.split()[2] for line in dirs}, dirs
-    # Claim locks are root's alone (issue 36 item 2): 0700 and 0600 under gpu/.
+    # Claim locks are root's alone: 0700 and 0600 under gpu/.
     def expected(path: str, directory: bool) -> list[str]:
         private = path == "/run/infer-units/gpu" or path.startswith("/run/infer-units/gpu/")
         return ["700" if private else "755", "root"] if directory else \

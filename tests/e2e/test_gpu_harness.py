@@ -41,7 +41,7 @@ def carry(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def llama_dir(tmp: Path) -> Path | None:
-    """The CPU llama-server and its GGUF (tools/engines/build), as run-h200.sh's
+    """The CPU llama-server and its GGUF (tools/engines/build), as boot-scenarios.sh's
     IU_LLAMA_DIR wants them, where they are built."""
     printed = subprocess.run([str(ROOT / "tools/engines/build"), "--print-paths"],
                              capture_output=True, text=True, check=True)

@@ -1,6 +1,5 @@
 """Identity and unit states under real systemd, as an attacker with a local
-account would try them (issue 19 #4, #10, #11, #12; each failed on main
-c93ae87): a user's own `systemd-run --user --unit=<model>` is not that model,
+account would try them: a user's own `systemd-run --user --unit=<model>` is not that model,
 drain while a unit restarts, a model with neither gpus nor port is fenced,
 a foreign `Restart=always` unit on a model's GPU."""
 
@@ -241,7 +240,7 @@ def test_a_foreign_restart_always_unit_is_stopped_through_systemd(box) -> None:
         _cleanup(box, "id-g")
 
 
-# ------------------------------------------------------------------ round 3's leftover
+# ------------------------------------------------------------------ a unit rendered into /etc
 
 def test_a_unit_rendered_into_etc_is_an_infer_units_service(box) -> None:
     """`infer-units render --output /etc/systemd/system` writes the

@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from .e2e_support import add_model, alive, engine_toml, holders, show, wait_until
+from .e2e_support import add_model, alive, engine_toml, health_status, holders, show, wait_until
 
 pytestmark = pytest.mark.e2e
 
@@ -198,8 +198,7 @@ def test_generation_probe_restarts_a_wedged_engine_whose_health_says_200(box) ->
     core = box.sh("python3 -c \"import os; print(*[p for p in os.listdir('/proc') if p.isdigit() "
                   f"and open('/proc/' + p + '/stat').read().rsplit(')', 1)[1].split()[1] == '{old}'])\"").stdout.split()[0]
     box.sh(f"kill -STOP {core}")        # the engine hangs; /health still answers 200
-    assert box.sh(f"python3 -c \"import urllib.request as u; print(u.urlopen("
-                  f"'http://127.0.0.1:18308/health').status)\"").stdout.strip() == "200"
+    assert health_status(box, 18308) == "200"
     assert wait_until(lambda: state(box, name)["ActiveState"] == "active"
                       and state(box, name)["MainPID"] not in (old, "0"), 40), state(box, name)
     log = box.journal(f"{name}.service")

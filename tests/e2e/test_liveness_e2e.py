@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from .e2e_support import add_model, model_toml, show, wait_until
+from .e2e_support import add_model, health_status, model_toml, show, wait_until
 
 pytestmark = pytest.mark.e2e
 
@@ -46,10 +46,7 @@ def unit(box, name: str) -> dict[str, str]:
 
 
 def healthy(box, port: int) -> bool:
-    done = box.sh(f"python3 -c \"import urllib.request as u; "
-                  f"print(u.urlopen('http://127.0.0.1:{port}/health', timeout=2).status)\"",
-                  check=False)
-    return done.stdout.strip() == "200"
+    return health_status(box, port, timeout=2) == "200"
 
 
 def timer_state(box, name: str) -> str:
@@ -179,7 +176,7 @@ def test_long_loads_are_never_probed(box) -> None:
     assert wait_until(lambda: unit(box, name)["NRestarts"] == "1", 15)
     assert wait_until(lambda: unit(box, name)["ActiveState"] == "active", load + 30)
     # Once a probe finds the reloaded server healthy, liveness sets systemd's
-    # NRestarts back to 0 so the crash-loop back-off starts over (issue 40),
+    # NRestarts back to 0 so the crash-loop back-off starts over,
     # and says so once in the model's journal.
     assert wait_until(lambda: unit(box, name)["NRestarts"] == "0", 10), unit(box, name)
     s = state(box, name)
@@ -259,7 +256,7 @@ def test_interval_zero_turns_liveness_off(box) -> None:
 def test_an_edit_before_daemon_reload_is_not_what_liveness_probes(box) -> None:
     """Liveness probed the port in the model file on disk: an edit waiting
     for its daemon-reload made it probe a port nobody listens on, restart a
-    healthy server, then cap it and leave it stopped (issue 36 item 7)."""
+    healthy server, then cap it and leave it stopped."""
     name, port = "lv-edit", 18207
 
     def text(port: int) -> str:

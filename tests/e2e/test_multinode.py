@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from .e2e_support import FAKE_TABLE, FAKES, make_model_path, show, wait_until
+from .e2e_support import FAKE_TABLE, FAKES, health_status, make_model_path, show, wait_until
 from .multihost import HOSTS, Group
 
 pytestmark = pytest.mark.e2e
@@ -75,10 +75,7 @@ def state(g: Group, name: str) -> dict[str, str]:
 
 
 def head_healthy(g: Group) -> bool:
-    out = g[HEAD].sh("python3 -c \"import urllib.request as u; "
-                     "print(u.urlopen('http://127.0.0.1:18500/health', timeout=3).status)\"",
-                     check=False)
-    return out.stdout.strip() == "200"
+    return health_status(g[HEAD], 18500, timeout=3) == "200"
 
 
 def group_up(g: Group) -> bool:

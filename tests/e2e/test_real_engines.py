@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 
-from .container import first_suite
+from .container import first_suite, kept_or_shut_down
 from .real_engines import (LOAD_TIMEOUT, RealBox, completion_status, engine_core, engine_paths,
                            first_2xx, generate, main_pid, monotonic, props, start_poller, state,
                            unit_pids, wait_for)
@@ -49,16 +49,11 @@ def paths() -> dict[str, str]:
 @pytest.fixture(scope="module", params=first_suite())
 def real(request: pytest.FixtureRequest, deb: Path, paths: dict[str, str]):
     box = RealBox(request.param, paths)
-    try:
+    with kept_or_shut_down(box.c):
         box.boot(deb)
         box.add(VL, box.vllm_toml(VL_PORT, [0]))
         box.add(LL, box.llama_toml(LL_PORT, [1]))
         yield box
-    finally:
-        if os.environ.get("INFER_UNITS_E2E_KEEP"):
-            print(f"e2e container kept at {box.c.root}")
-        else:
-            box.shutdown()
 
 
 def stopped(real: RealBox, *units: str) -> None:

@@ -1,4 +1,4 @@
-"""The Prometheus alert rules of contrib/prometheus (issue 41), checked and
+"""The Prometheus alert rules of contrib/prometheus, checked and
 unit-tested with promtool (Debian's prometheus package) on series taken from a
 textfile the code itself wrote: a real reap of a foreign holder, a start
 refused for GPU health, and liveness' counters.  So a rule that names a series

@@ -1,5 +1,5 @@
 """packaging/build-deb says at the end of its output whether NVML was
-bundled, and the package records the same (issue 37 item 7).  Without the
+bundled, and the package records the same.  Without the
 nvidia-ml-py wheel (no index, an empty wheel cache) the .deb still builds,
 says "NOT bundled" with the /proc fallback after dpkg's output, and records
 NVML=none in /usr/share/infer-units/nvml for `infer-units doctor`."""

@@ -1,6 +1,6 @@
 """The ports an engine derives from the model's settings reach pre-start as
 the generator renders them, and a holder on any one of them is named and
-refuses the start (issue 40): SGLang with attention data parallelism binds
+refuses the start: SGLang with attention data parallelism binds
 its dist-init port (the HTTP port + 233) and five ZMQ ports after it."""
 
 from __future__ import annotations

@@ -85,7 +85,7 @@ def test_command_on_this_tree(venvs: Path) -> None:
     assert done.returncode == (1 if any(not r.startswith("OK") for r in rows) else 0)
 
 
-# GPU selectors (issue 49): the units hand the server GPUs named by UUID or
+# GPU selectors: the units hand the server GPUs named by UUID or
 # PCI id as indexes in PCI order (pre-start --resolve-gpus).  Each engine's own
 # code that reads CUDA_VISIBLE_DEVICES runs below, in the pinned venvs, on the
 # value pre-start wrote; a physical id there is an NVML index, which counts

@@ -175,7 +175,7 @@ def test_umask_000_leaves_no_directory_an_attacker_can_write(
     for path in [run, *run.rglob("*")]:
         st = path.lstat()
         assert st.st_uid == 0, path
-        # Claim locks are root's alone (issue 36 item 2): 0700 and 0600 there.
+        # Claim locks are root's alone: 0700 and 0600 there.
         private = path == run / "gpu" or path.parent == run / "gpu"
         expected = (0o700 if private else 0o755) if stat.S_ISDIR(st.st_mode) else (
             0o600 if private else 0o644)
@@ -292,6 +292,6 @@ def test_a_model_file_another_account_could_write_is_not_generated(
     out = tmp_path / "out"
     done = run_generator(out, f"{run}:{etc}")
     assert sorted(p.name for p in out.iterdir()) == ["fine.service"], done.stderr
-    # The directory others can write is refused whole (issue 36 item 6), its files unread.
+    # The directory others can write is refused whole, its files unread.
     assert f"{run}: refused: writable by group or others (mode 0777)" in done.stderr
     assert f"{etc}/loose.toml: not used: writable by group or others (mode 0666)" in done.stderr

@@ -1,4 +1,4 @@
-"""The root hooks never run with the server's environment (issue 19 #2): a
+"""The root hooks never run with the server's environment: a
 model's [env] reaches every command of its unit, the `+` hooks included, so
 the installed CLI (what units run) keeps only what systemd tells a command,
 a fixed PATH and the operator's hook settings; the test variables
@@ -15,7 +15,7 @@ import pytest
 
 from infer_units.helpers import hookenv
 
-from ..support import PYTHON, ROOT, FakeGpus, base_env, run_cli, wait_until
+from ..support import PYTHON, ROOT, FakeGpus, alive, base_env, run_cli, wait_until
 
 LAUNCHER = ROOT / "packaging/infer-units"
 # The .deb's /usr/bin/infer-units, run from this checkout: its own text, under
@@ -25,14 +25,6 @@ RUN_LAUNCHER = (f"import sys; sys.path.insert(0, {str(ROOT)!r}); sys.argv[0] = '
                 f"exec(compile(open({str(LAUNCHER)!r}).read(), {str(LAUNCHER)!r}, 'exec'))")
 
 HOLD = "import sys, time; f = open(sys.argv[1], 'rb'); print('up', flush=True); time.sleep(600)"
-
-
-def alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
 
 
 def test_a_fake_gpu_table_in_env_cannot_make_an_installed_hook_kill(tmp_path: Path) -> None:

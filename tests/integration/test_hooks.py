@@ -62,10 +62,10 @@ def test_wait_ready_returns_once_health_answers() -> None:
     port = free_port()
     serve_later(port, 0.5)
     started = time.monotonic()
-    done = run_cli("wait-ready", "--url", f"http://127.0.0.1:{port}/health", "--timeout", "20s",
+    done = run_cli("wait-ready", "--url", f"http://127.0.0.1:{port}/health", "--timeout", "120s",
                    "--interval", "100ms")
     assert done.returncode == 0, done.stderr
-    assert 0.5 <= time.monotonic() - started < 10
+    assert 0.5 <= time.monotonic() - started < 60       # not the timeout's 120 s
     assert "answered HTTP 200" in done.stderr
 
 
@@ -73,12 +73,13 @@ def test_wait_ready_fails_fast_when_the_server_dies() -> None:
     server = subprocess.Popen([PYTHON, "-c", "import time, sys; time.sleep(0.5); sys.exit(7)"])
     started = time.monotonic()
     done = run_cli("wait-ready", "--url", f"http://127.0.0.1:{free_port()}/health",
-                   "--pid", str(server.pid), "--timeout", "60s", "--interval", "5s")
+                   "--pid", str(server.pid), "--timeout", "300s", "--interval", "120s")
     took = time.monotonic() - started
     server.wait()
     assert done.returncode != 0 and done.returncode != 3
     assert f"server pid {server.pid} exited while loading" in done.stderr
-    assert took < 5, f"noticed the death only after {took:.1f}s"
+    # Not at the next poll (120 s) nor at the timeout: at the death.
+    assert took < 60, f"noticed the death only after {took:.1f}s"
 
 
 def test_wait_ready_times_out_with_exit_3() -> None:
@@ -284,7 +285,7 @@ def test_status_json_schema_without_systemd(fake_gpus: FakeGpus, holders, tmp_pa
     assert [g["index"] for g in m["gpu"]["gpus"]] == [2, 3]
     assert [(p["pid"], p["kind"]) for p in m["gpu"]["processes"]] == [(h.pid, "foreign")]
     # What answers on the port is this test, not the model: named, never its health
-    # (issue 37; the model's own answer is tested under systemd, tests/e2e/test_e2e.py).
+    # (the model's own answer is tested under systemd, tests/e2e/test_e2e.py).
     assert m["health"]["ok"] is False and m["health"]["foreign"] is True, m["health"]
     assert [p["pid"] for p in m["port_view"]["foreign"]] == [os.getpid()]
     table = run_cli("status", env=env, check=1).stdout   # 1: no systemd here

@@ -1,5 +1,5 @@
 """Identity from the kernel and systemd, as an attacker with a local account
-would test it (issue 19 #4, #11, #16; the real-systemd side is
+would test it (the real-systemd side is
 tests/e2e/test_identity_e2e.py).
 
 Without D-Bus (here), a service's cgroup is /system.slice/NAME
@@ -57,9 +57,9 @@ def _hog(device: Path, cgroup: Path) -> subprocess.Popen[str]:
 
 def test_a_users_unit_named_like_a_model_is_foreign_and_reaped(
         fake_gpus: FakeGpus, user_cgroup, tmp_path: Path) -> None:
-    """main c93ae87: the hog's innermost cgroup name is modelb's unit, so the
-    start of modela was refused (exit 2, "belongs to infer-units service")
-    and the hog lived on."""
+    """The hog's innermost cgroup name is modelb's unit, but it runs under a
+    user's manager: it is foreign, so modela's start reaps it rather than
+    refusing (exit 2, "belongs to infer-units service") and leaving it alive."""
     modelb = f"modelb-{TAG}.service"
     generator = _generated(tmp_path, modelb, f"modela-{TAG}.service")
     hog = _hog(fake_gpus.devices[1], user_cgroup(modelb))
@@ -124,10 +124,9 @@ def _free_port() -> int:
 
 
 def test_a_parked_worker_holds_no_claim_on_its_gpus(fake_gpus: FakeGpus) -> None:
-    """main c93ae87: a worker parked in pre-start (its head never comes) kept
-    the GPU claim it took before parking, so another model on its GPU was
-    refused ("its start claim, its start hook pid N runs") for as long as it
-    waited: indefinitely."""
+    """A worker parked in pre-start (its head never comes) keeps no GPU claim
+    while it waits, so another model on its GPU is not refused ("its start
+    claim, its start hook pid N runs") for as long as it waits: indefinitely."""
     head = _free_port()       # nothing listens: the worker parks
     env = fake_gpus.env(DBUS_SYSTEM_BUS_ADDRESS="unix:path=/nonexistent")
     worker = subprocess.Popen(
@@ -151,8 +150,8 @@ def test_a_parked_worker_holds_no_claim_on_its_gpus(fake_gpus: FakeGpus) -> None
 
 
 def test_a_model_with_neither_gpus_nor_port_is_fenced(tmp_path: Path) -> None:
-    """main c93ae87: such a model had no ExecStartPre, so nothing refused its
-    start during a drain."""
+    """A model with neither gpus nor port still gets the pre-start that
+    refuses its start during a drain (without an ExecStartPre nothing would)."""
     config = tmp_path / "etc"
     config.mkdir()
     (config / "bare.toml").write_text('engine = "command"\ncommand = ["/bin/sleep", "infinity"]\n')
@@ -190,8 +189,9 @@ def test_a_model_with_neither_gpus_nor_port_is_fenced(tmp_path: Path) -> None:
 ])
 def test_drain_plans_every_unit_state(state: str, job: str, left_after_fence: bool,
                                       expected: tuple[bool, bool]) -> None:
-    """(stop it, resume it); main c93ae87 stopped only active, activating and
-    reloading units, and recorded nothing else."""
+    """(stop it, resume it) for every state and job: not only active,
+    activating and reloading units are stopped, and what is stopped is
+    recorded for resume."""
     from infer_units.helpers.act.drain import plan
     assert plan(state, job, left_after_fence) == expected
 

@@ -171,13 +171,13 @@ def test_waiting_ends_when_the_invisible_memory_comes_back(fake_gpus: FakeGpus) 
     timer.start()
     try:
         started = time.monotonic()
-        done = run_cli("reap", "--gpus", "2", "--foreign", "wait", "--timeout", "20s",
+        done = run_cli("reap", "--gpus", "2", "--foreign", "wait", "--timeout", "120s",
                        env=fake_gpus.env())
         took = time.monotonic() - started
     finally:
         timer.join()
     assert done.returncode == 0, done.stderr
-    assert 0.9 < took < 5
+    assert 0.9 < took < 60                       # when the memory came back, not the timeout
 
 
 def test_memory_the_listed_processes_hold_and_the_baseline_are_accounted(
@@ -200,10 +200,10 @@ def test_memory_the_listed_processes_hold_and_the_baseline_are_accounted(
 def test_wait_free_reports_invisible_memory_and_ends_clean(fake_gpus: FakeGpus) -> None:
     set_memory(fake_gpus, 1, 12000)
     started = time.monotonic()
-    done = run_cli("wait-free", "--gpus", "1", "--unit", "m", "--timeout", "20s",
+    done = run_cli("wait-free", "--gpus", "1", "--unit", "m", "--timeout", "120s",
                    env=fake_gpus.env())
     assert done.returncode == 0, done.stderr
-    assert time.monotonic() - started < 5
+    assert time.monotonic() - started < 60       # not the timeout's 120 s
     assert "not ours: GPU 1: 12000 MiB used by no visible process" in done.stderr
 
 

@@ -146,14 +146,16 @@ def test_foreign_wait_waits_for_exit_without_signalling(fake_gpus: FakeGpus, hol
         killed_at.write_text(repr(time.time()))
         os.kill(h.pid, signal.SIGUSR1)
         os._exit(0)
-    code, report = reap_json(fake_gpus, "--gpus", "1", "--foreign", "wait", "--timeout", "10s")
+    code, report = reap_json(fake_gpus, "--gpus", "1", "--foreign", "wait", "--timeout", "120s")
     returned_at = time.time()
     os.waitpid(killer, 0)
     assert code == 0, report
     assert report["actions"] == []
     # it returned only after the holder's owner ended it, not on its own
     assert returned_at >= float(killed_at.read_text()), report
-    assert report["seconds"] < 5
+    # and then, not at its timeout: the two lie far apart, so a busy
+    # machine's scheduling cannot blur them.
+    assert report["seconds"] < 60
 
 
 def test_foreign_wait_times_out_with_exit_3(fake_gpus: FakeGpus, holders) -> None:
@@ -352,13 +354,14 @@ def test_wait_free_waits_for_its_own_orphans_only(fake_gpus: FakeGpus, holders,
     workers = _orphaned_workers(fake_gpus.devices[3], f"m-{TAG}.service", holders, unit_cgroups)
     foreign = holders([fake_gpus.devices[3]])
     started = time.monotonic()
-    done = run_cli("wait-free", "--gpus", "3", "--unit", f"m-{TAG}", "--timeout", "20s",
+    done = run_cli("wait-free", "--gpus", "3", "--unit", f"m-{TAG}", "--timeout", "120s",
                    "--result", "success", env=fake_gpus.env())
     took = time.monotonic() - started
     assert done.returncode == 0, done.stderr
     assert all(not _running(pid) for pid in workers)
     assert foreign.alive(), "wait-free must not kill foreign processes"
-    assert took < 5, f"waited {took:.1f}s: it waited on the foreign user"
+    # Waiting on the foreign user would last the whole timeout, far above this.
+    assert took < 60, f"waited {took:.1f}s: it waited on the foreign user"
     line = next(l for l in done.stderr.splitlines() if f"pid {foreign.pid}" in l)
     assert "not touching it" in line and "foreign user of GPU 3" in line
     assert "1 other user(s) left, not waited on" in done.stderr
@@ -432,10 +435,10 @@ def test_wait_free_reports_a_foreign_user_and_returns_at_once(fake_gpus: FakeGpu
                                                               holders) -> None:
     h = holders([fake_gpus.devices[3]])
     started = time.monotonic()
-    done = run_cli("wait-free", "--gpus", "3", "--timeout", "10s", "--unit", "x",
+    done = run_cli("wait-free", "--gpus", "3", "--timeout", "120s", "--unit", "x",
                    "--result", "timeout", env=fake_gpus.env())
     assert done.returncode == 0, done.stderr
-    assert time.monotonic() - started < 5
+    assert time.monotonic() - started < 60       # not the timeout's 120 s
     assert f"pid {h.pid} foreign user of GPU 3" in done.stderr and "import os, signal" in done.stderr
     assert "x.service stopped: timeout" in done.stderr
     assert h.alive(), "wait-free must not kill foreign processes"
@@ -468,9 +471,9 @@ def test_with_a_cheap_backend_the_killed_process_letting_go_ends_the_wait(
     bystander = holders([fake_gpus.devices[1]], mode="ignore-term")
     backend = CheapFake(str(fake_gpus.table))
     gpus = select(backend.gpus(), "0")
-    result = Reaper(backend, gpus, None, ReapPolicy("kill", 0.3, 10.0)).run()
+    result = Reaper(backend, gpus, None, ReapPolicy("kill", 0.3, 120.0)).run()
     assert result.exit_code == 0, result.as_json()
     assert [(a.pid, a.signal) for a in result.actions] == [
         (stubborn.pid, "SIGTERM"), (stubborn.pid, "SIGKILL")]
     assert not stubborn.alive() and bystander.alive()
-    assert result.seconds < 5
+    assert result.seconds < 60                   # at the grace, not the timeout's 120 s

@@ -1,4 +1,4 @@
-"""Issue 36 item 6, written as the attacker: a search directory that others
+"""Written as the attacker: a search directory that others
 can write (a /run/infer-units left 0777, or one owned by a user) is refused
 whole, for reading as for writing.  A local account without root puts a link
 to a root-owned model file there (it would become a unit running as root)

@@ -1,4 +1,4 @@
-"""`infer-units status` says why (issue 37 items 2 and 4), through the real
+"""`infer-units status` says why, through the real
 command: an unknown name gets a did-you-mean, a drained host is named, a
 foreign process on a model's port is named as such and never shown as the
 model's health.  Under real systemd (crash loops, exit codes):

@@ -12,7 +12,7 @@ import os
 import stat
 import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +21,8 @@ import pytest
 from infer_units.helpers.act import canary
 from infer_units.helpers.act.canary import (ERROR, MATCH, MISMATCH, RECORDED, Options, check,
                                             load_record, record_path)
+
+from ..support import http_server
 
 
 class Llama:
@@ -65,16 +67,11 @@ def server() -> Iterator[tuple[Llama, str]]:
 
     done = threading.Event()
     Handler.server_done = done      # type: ignore[attr-defined]
-    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    httpd.daemon_threads = True
-    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield state, f"http://127.0.0.1:{httpd.server_address[1]}/"
-    finally:
-        done.set()
-        httpd.shutdown()
-        httpd.server_close()
+    with http_server(Handler) as httpd:
+        try:
+            yield state, f"http://127.0.0.1:{httpd.server_address[1]}/"
+        finally:
+            done.set()          # a hung answer ends before the server shuts down
 
 
 @pytest.fixture

@@ -1,4 +1,4 @@
-"""`infer-units check` against this host (issue 37 item 3): no `ok` for a
+"""`infer-units check` against this host: no `ok` for a
 file it reports an error for, GPUs the host does not have are an error
 (when the GPU backend answers), and an absolute model path missing here is
 a warning; a hub id is fine."""

@@ -160,7 +160,7 @@ def test_model_names_complete_in_bash(conf: Path) -> None:
 
 
 def test_a_refused_edit_keeps_what_was_typed(conf: Path) -> None:
-    """Issue 19 #15: what the operator typed survives a refusal, in a file the
+    """What the operator typed survives a refusal, in a file the
     error names, and `edit --from` starts from it."""
     target = conf / "etc/q.toml.d/override.toml"
     typed = 'gpus = "zero"\n[env]\nMINE = "typed by hand"\n'
@@ -247,7 +247,7 @@ def test_a_refused_edit_on_a_terminal_opens_the_editor_again(conf: Path) -> None
     assert target.read_text().startswith("gpus = [1]\n") and "#! infer-units" not in target.read_text()
 
 
-# ---------------------------------------------------------------- issue 37 item 8, issue 36 #9
+# ---------------------------------------------------------------- edit: errors, messages, umask
 
 def test_an_editor_not_on_path_is_a_clear_error(conf: Path) -> None:
     done = run_cli("edit", "q", "--no-reload",

@@ -1,4 +1,4 @@
-"""doctor names the GPU backend and why (issue 37 item 7): never
+"""doctor names the GPU backend and why: never
 `backend None, driver ?`."""
 
 from __future__ import annotations

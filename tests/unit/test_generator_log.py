@@ -43,7 +43,8 @@ def test_kmsg_that_is_a_fifo_does_not_hang(tmp_path: Path) -> None:
     os.mkfifo(tmp_path / "kmsg")
     started = time.monotonic()
     assert open_kmsg(str(tmp_path / "kmsg")) is None
-    assert time.monotonic() - started < 1
+    # A blocking open of a FIFO with no reader never returns: any bound tells.
+    assert time.monotonic() - started < 60
 
 
 def test_a_character_device_is_used() -> None:

@@ -25,15 +25,16 @@ def write_tree(root: Path, keys: int) -> Path:
 
 def test_twenty_thousand_env_keys_merge_in_well_under_a_second(tmp_path: Path) -> None:
     etc = write_tree(tmp_path, 20_000)
-    started = time.perf_counter()
+    # CPU time, not wall: other work on a busy machine does not add to it.
+    started = time.process_time()
     loaded = load_all(dirs=[str(etc)])
     unit = render_checked(loaded.models[0])[0]
-    elapsed = time.perf_counter() - started
+    elapsed = time.process_time() - started
     assert not loaded.errors
     assert loaded.models[0].env["K19999"] == "model 19999"
     # the keys, CUDA_DEVICE_ORDER, CUDA_VISIBLE_DEVICES and the five cache directories
     assert unit.text.count("\nEnvironment=") == 20_007
-    # Linear takes ~0.3 s here on a loaded 2-core machine; quadratic took 13 s.
+    # Linear is a fraction of a second; quadratic is over ten seconds.
     assert elapsed < 3.0, f"{elapsed:.2f} s for 20,000 keys"
 
 

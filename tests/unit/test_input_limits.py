@@ -1,4 +1,4 @@
-"""Issue 19 #13: long model names, the engines' own drain flags, and the
+"""Long model names, the engines' own drain flags, and the
 program's name -- each a clear error naming file, key and reason, never a
 partial write, an internal error or a unit systemd refuses."""
 

@@ -1,6 +1,5 @@
 """`--json` prints one JSON document on stdout on every path, usage and
-config errors included, and `check NAME` fails for a name with no file
-(issue 19 #14)."""
+config errors included, and `check NAME` fails for a name with no file."""
 
 from __future__ import annotations
 

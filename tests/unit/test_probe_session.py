@@ -175,10 +175,11 @@ def test_a_body_that_never_comes_leaves_the_status_standing() -> None:
     threading.Thread(target=serve, daemon=True).start()
     session = Session(f"http://127.0.0.1:{listener.getsockname()[1]}/health")
     try:
-        first = session.probe(0.5)
-        second = session.probe(0.5)
+        first = session.probe(60.0)
+        second = session.probe(60.0)
         assert (first.text, second.text) == ("HTTP 503", "HTTP 503")
-        assert first.seconds < 0.5 and len(held) == 2
+        # The rest of the body would be waited for until the timeout: far above.
+        assert first.seconds < 30 and len(held) == 2
     finally:
         session.close()
         for conn in held:
@@ -258,7 +259,7 @@ def test_a_trickled_answer_ends_at_the_deadline_and_leaves_no_connection(how: st
             answer = http_probe(url, 1.0)
         took = time.monotonic() - started
         assert (answer.ok, answer.text) == (False, "no answer within 1s"), answer
-        assert took < 1.5, took
+        assert took < 60, took          # the deadline, not the trickle's end
         # The trickle lasts over 3 minutes; a close within 10 s is the cut's.
         assert server.closed.acquire(timeout=10), "the probe's connection outlived its deadline"
         assert server.accepted == (2 if how == "redirect" else 1)
@@ -362,6 +363,7 @@ def test_a_tls_handshake_that_never_ends_is_within_the_deadline() -> None:
         started = time.monotonic()
         got = http_probe(f"https://127.0.0.1:{listener.getsockname()[1]}/health", 1.0)
         took = time.monotonic() - started
-        assert (got.ok, got.text) == (False, "no answer within 1s") and took < 1.5, (got, took)
+        # The deadline, not the handshake's end (never): any bound tells.
+        assert (got.ok, got.text) == (False, "no answer within 1s") and took < 60, (got, took)
     finally:
         listener.close()

@@ -1,6 +1,6 @@
 """One reader of URLs, hosts and host:port (generator/urls.py) for the
 generator and every hook, and one HTTP probe (helpers/facts/probe.py) for
-readiness and liveness (issue 19 #9).
+readiness and liveness.
 
 The property: for any text in a URL-ish key ([ready] url, [nodes] head-url,
 host, [nodes] addr), the generator accepts the model exactly when the hook
@@ -14,7 +14,6 @@ from __future__ import annotations
 import http.server
 import os
 import tempfile
-import threading
 import urllib.parse
 from pathlib import Path
 
@@ -25,7 +24,7 @@ from infer_units.generator.urls import parse_host_port, parse_url
 from infer_units.helpers import argtypes
 from infer_units.helpers.act.rendezvous import split_addr
 
-from ..support import base_env, run_cli
+from ..support import base_env, http_server, run_cli
 from ..unitfile import exec_argv, values
 
 hypothesis = pytest.importorskip("hypothesis")
@@ -248,12 +247,8 @@ class Recorder(http.server.BaseHTTPRequestHandler):
 @pytest.fixture
 def recorder():
     Recorder.seen = []
-    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Recorder)
-    httpd.daemon_threads = True
-    threading.Thread(target=httpd.serve_forever, daemon=True).start()
-    yield httpd.server_address[1]
-    httpd.shutdown()
-    httpd.server_close()
+    with http_server(Recorder) as httpd:
+        yield httpd.server_address[1]
 
 
 def test_readiness_and_liveness_send_the_same_request(recorder: int, tmp_path: Path) -> None:

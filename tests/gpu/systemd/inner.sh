@@ -1,5 +1,5 @@
 #!/bin/sh
-# Inside `unshare --mount --cgroup --pid --fork` (run-h200.sh): PID 1 of a new
+# Inside `unshare --mount --cgroup --pid --fork` (boot-scenarios.sh): PID 1 of a new
 # PID namespace whose cgroup namespace is rooted at the harness's own cgroup.
 # Builds the tools root's mounts, chroots, and boots the container root (/c)
 # with systemd-nspawn, every /dev/nvidia* node passed in.

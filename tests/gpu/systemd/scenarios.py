@@ -1,6 +1,6 @@
 #!/usr/bin/python3
 """The GPU scenarios, run inside the booted container as a boot-time unit
-(iu-gpu-scenarios.service, written by run-h200.sh) under real systemd, with
+(iu-gpu-scenarios.service, written by boot-scenarios.sh) under real systemd, with
 the infer-units .deb installed and the GPU machine's /dev/nvidia* passed in.
 GPU memory is read through NVML (infer-units' own backend, libnvidia-ml from
 the machine); the CUDA servers run the machine's torch through host-python.
@@ -35,6 +35,9 @@ if FAKE:
     os.environ["INFER_UNITS_FAKE_GPUS"] = "/etc/infer-units/fakegpus.json"
 os.environ["PATH"] = "/usr/sbin:/usr/bin:/sbin:/bin"
 from infer_units.helpers.facts import gpus as gpus_mod  # noqa: E402
+
+sys.path.insert(0, "/opt/iu-gpu/bench-tree")    # the tests' package, carried for s8 and l7
+from tests.support import alive  # noqa: E402
 
 HOSTPY = "/usr/local/bin/host-python"
 SERVER = "/run/iu-gpu/server.py"
@@ -178,14 +181,6 @@ def health(port: int, timeout: float = 180) -> dict[str, Any]:
             if time.monotonic() > deadline:
                 raise
             time.sleep(0.1)
-
-
-def alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
 
 
 class Sampler:
@@ -732,7 +727,7 @@ def s8_restart_cost(sc: Scenario) -> None:
 
 # ------------------------------------------------------------------ llama.cpp
 
-# llama.cpp's llama-server as the model's server (tests/gpu/systemd/run-h200.sh
+# llama.cpp's llama-server as the model's server (tests/gpu/systemd/boot-scenarios.sh
 # IU_LLAMA_DIR: the machine's CUDA build; the local run: the CPU build).
 LLAMA_DIR = "/run/iu-llama"
 LLAMA_WRAPPER = "/usr/local/bin/iu-llama-server"
@@ -1213,7 +1208,7 @@ def main() -> int:
         if len(GPUS) < needs:
             skipped = f"needs {needs} GPUs, this machine has {len(GPUS)}"
         elif getattr(fn, "needs_llama", False) and not HAVE_LLAMA:
-            skipped = f"needs llama-server under {LLAMA_DIR} (run-h200.sh IU_LLAMA_DIR)"
+            skipped = f"needs llama-server under {LLAMA_DIR} (boot-scenarios.sh IU_LLAMA_DIR)"
         if skipped:
             sc.data.update(ok=True, skipped=skipped)
             log(f"{name}: SKIP ({skipped})")

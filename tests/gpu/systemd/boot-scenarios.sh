@@ -1,8 +1,8 @@
 #!/bin/sh
 # Boot the carried Debian root under real systemd on the GPU machine and run
 # the scenarios inside it as a boot-time unit.  On the device machine
-# (nvidia-h200-x2), with .gpucarry built by tests/gpu/systemd/build-carry:
-#     cd .gpucarry && sh run-h200.sh
+# (one GPU or more), with .gpucarry built by tests/gpu/systemd/build-carry:
+#     cd .gpucarry && sh boot-scenarios.sh
 # Results land in $OUT (default ./out): results.json, scenarios.log,
 # console.log (the container's console), launcher.log.
 # IU_SCENARIOS="s6 s7" runs only those scenarios.
@@ -29,7 +29,7 @@ LLAMA=${IU_LLAMA_DIR:-}
 export HERE OUT W FAKE V2 LLAMA
 mkdir -p "$OUT"
 
-say() { echo "run-h200: $(date -u +%H:%M:%S.%N | cut -c1-12) $*"; }
+say() { echo "boot-scenarios: $(date -u +%H:%M:%S.%N | cut -c1-12) $*"; }
 
 host_python() {
     if [ -x /opt/torch/.venv/bin/python3 ]; then echo /opt/torch/.venv/bin/python3; else echo python3; fi

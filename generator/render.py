@@ -5,7 +5,7 @@ from __future__ import annotations
 import functools
 import json
 import os
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -13,15 +13,15 @@ from .. import __version__
 from .durations import format_seconds, parse_duration
 from .engines import ENGINE_SPECS, flag_value
 from .liveness import (DEFAULT_INTERVAL_S, DROPIN, PROBE_MARGIN_S, TEMPLATE_PROBE_TIMEOUT_S,
-                       accuracy, cap_marker, group_watch_name, probe_name, state_dir,
-                       timer_name)
+                       TEMPLATES, accuracy, cap_marker, group_watch_name, probe_name,
+                       state_dir, timer_name)
 from .model import Model
 from .settings import BUILTIN_IGNORE, RESTART_DEFAULTS
 from .systemdversion import RESTART_STEPS_SINCE, systemd_version
 from .systemd_quote import (Expand, comment_text, environment_assignments, exec_line,
                             exec_word, path_value, plain_value, unquoted_word)
 
-from .paths import DEB_CLI, HOOK_CLI, RUN_DIR   # the CLI the hooks call (generator/paths.py)
+from .paths import HOOK_CLI, RUN_DIR   # the CLI the hooks call (generator/paths.py)
 from .urls import parse_url
 
 if TYPE_CHECKING:
@@ -499,22 +499,19 @@ def liveness_dropins(m: Model) -> list[RenderedUnit]:
     return units
 
 
-def shipped_units(cli: str = HOOK_CLI) -> list[RenderedUnit]:
-    """The template units the .deb installs in /usr/lib/systemd/system, for an
-    install without the .deb (pip, a venv): written by the generator beside
-    the models' units, calling that install's CLI.  The .deb's generator
-    writes none of them."""
-    from .liveness import TEMPLATES
-    here = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-                        "units", "systemd")
-    units = []
-    for name in TEMPLATES:
-        with open(os.path.join(here, name), encoding="utf-8") as f:
-            text = f.read()
-        if cli != DEB_CLI:
-            text = text.replace(f"ExecStart={DEB_CLI} ", f"ExecStart={exec_word(cli, first=True)} ")
-        units.append(RenderedUnit(name, text, ()))
-    return units
+def shipped_units(cli: str = HOOK_CLI, names: Iterable[str] = TEMPLATES) -> list[RenderedUnit]:
+    """The systemd units the package ships (units/systemd/NAME.j2), calling
+    the CLI `cli`.  tools/make-units renders every one with the .deb's CLI at
+    the package's build (shipped_names()); the generator of an install
+    without the .deb (pip, a venv) writes the liveness template units beside
+    the models' units, calling that install's CLI."""
+    return [RenderedUnit(name, fill("systemd/" + name, {"cli": cli}), ()) for name in names]
+
+
+def shipped_names() -> list[str]:
+    """Every unit of units/systemd/."""
+    names = os.listdir(os.path.join(TEMPLATE_DIR, "systemd"))
+    return sorted(name.removesuffix(".j2") for name in names if name.endswith(".j2"))
 
 
 def _sources(sources: tuple[str, ...]) -> str:

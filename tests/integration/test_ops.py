@@ -169,9 +169,11 @@ def test_json_is_valid_whatever_goes_to_stderr(tmp_path: Path, command: str) -> 
     if command == "check":
         assert report["ok"] == [{"path": str(tmp_path / "good.toml"), "unit": "good.service"}]
     else:
-        # the model's unit: its [liveness] is the package's template units
+        # the model's unit, then its [liveness] probe's command: a drop-in of
+        # the package's template unit
         names = [u["name"] for u in report["units"]]
-        assert names == ["good.service"], names
+        assert names == ["good.service", "infer-units-liveness@good.service.d/50-liveness.conf"], \
+            names
         assert "ExecStart=" in report["units"][0]["text"]
 
 

@@ -99,7 +99,7 @@ def health_url(m: Model) -> str | None:
     return f"http://{host}:{m.port}{path}"
 
 
-def engine_argv(m: Model) -> list[str | Expand]:
+def _engine_argv(m: Model) -> list[str | Expand]:
     """The server's command, from the engine's row of ENGINE_SPECS."""
     spec = ENGINE_SPECS[m.engine]
     if m.engine == "command":
@@ -566,7 +566,7 @@ def render(m: Model) -> RenderedUnit:
         "run_dir": ENV_FILE_DIR,
         "environment": _environment(m, selector, by_name),
         "exec_start_pre": _exec_start_pre(m, selector, by_name, ignore),
-        "exec_start": exec_line(engine_argv(m)),
+        "exec_start": exec_line(_engine_argv(m)),
         "exec_start_post": "\n".join(post),
         "exec_stop_post": stop_post,
         "timeout_start": _timeout_start(m, url),

@@ -10,8 +10,7 @@ import os
 
 from .conflicts import find_conflicts
 from .errors import ConfigError
-from .loader import (MAX_DEPTH, discover, forget_cache, is_path, load_model, name_error,
-                     search_path)
+from .loader import MAX_DEPTH, Loader, is_path, search_path
 from .model import Model, build_model
 from .render import RenderedUnit, liveness_dropins, render
 from .systemd_quote import unit_text_problem
@@ -54,9 +53,9 @@ def load_all(names: list[str] | None = None, dirs: list[str] | None = None) -> L
     path (`check ./qwen.toml`) loads that file as the model of its name, as it
     would be once installed: host defaults and drop-ins from the search path
     and its own directory, and it replaces an installed model of that name."""
-    dirs = search_path() if dirs is None else dirs
-    forget_cache()
-    found, errors = discover(dirs)
+    loader = Loader(dirs)
+    dirs = loader.dirs
+    found, errors = loader.discover()
     model_dirs = {name: dirs for name in found}
     wanted = {n.removesuffix(".service") for n in names or () if not is_path(n)}
     for arg in [n for n in names or () if is_path(n)]:
@@ -64,7 +63,7 @@ def load_all(names: list[str] | None = None, dirs: list[str] | None = None) -> L
         name = os.path.basename(path).removesuffix(".toml")
         wanted.add(name)
         error = (ConfigError(path, None, "no such file") if not os.path.isfile(path)
-                 else name_error(name, path))
+                 else loader.name_error(name, path))
         if error is not None:
             error.model = name
             errors.append(error)
@@ -75,7 +74,7 @@ def load_all(names: list[str] | None = None, dirs: list[str] | None = None) -> L
     loaded = Loaded(errors=errors)
     for name, path in found.items():
         try:
-            loaded.models.append(build_model(load_model(name, path, model_dirs[name])))
+            loaded.models.append(build_model(loader.load_model(name, path, model_dirs[name])))
         except Exception as e:      # noqa: BLE001 - one file never takes the others down
             first = as_config_error(path, e)
             for error in [first, *first.also]:      # every error the file has, each named

@@ -1,5 +1,5 @@
-"""What differs between inference servers, as data.  Their argv lives in the
-templates units/engines/<engine>.j2; this table holds what the code decides on.
+"""What differs between inference servers, as data: their argv (render.py
+builds it from these fields) and what the code decides on.
 
 Each number here was read in the engine's sources (docs/engines.md says
 which version); the comments say where it comes from.
@@ -13,14 +13,22 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class EngineSpec:
+    # The server's argv: `<python> -m <module> <subcommand...>` or
+    # `<executable>`, then the model (after model_flag, or a word of its own),
+    # tp_flag and its size, host_flag and the host, --port and the port.
     module: str | None                  # python engines: `<python> -m <module>`
     default_executable: str | None      # binary engines (systemd's search path)
-    tp_flag: bool                       # the server takes a tensor-parallel size
+    tp_flag: str | None                 # the server's tensor-parallel size flag, if it has one
     health_path: str | None             # default readiness endpoint
     probe_timeout: float                # one health request may take this long
     # [stop] drain default: how long requests in flight may finish after
     # SIGTERM (0 where the server cannot drain); docs/engines.md, "Stopping".
     drain: float
+    subcommand: tuple[str, ...] = ()     # after the module (vLLM's `serve`)
+    model_flag: str | None = None       # None: the model is a word of its own
+    # The flag for a model that is no local file (a hub id), where it differs.
+    hub_flag: str | None = None
+    host_flag: str = "--host"
     # The server's flag for its drain time (whole seconds), rendered from
     # [stop] drain unless the user's args set it or the server's own default
     # (own_drain) is that drain already.
@@ -85,7 +93,8 @@ ENGINE_SPECS: dict[str, EngineSpec] = {
     # the drain's bound); new requests are still taken meanwhile.  Then it asks
     # its schedulers to exit and kills its process tree.  SGL_FORCE_SHUTDOWN=1
     # skips the wait (tokenizer_manager.py sigterm_watchdog).
-    "sglang": EngineSpec("sglang.launch_server", None, True, "/health", probe_timeout=30.0,
+    "sglang": EngineSpec("sglang.launch_server", None, "--tp-size", "/health", probe_timeout=30.0,
+                         model_flag="--model-path",
                          drain=30.0, no_drain_env=(("SGL_FORCE_SHUTDOWN", "1"),),
                          p2p_off_args=_NO_CUSTOM_ALL_REDUCE,
                          # FlashInfer's PCIe IPC all-reduce is not gated by the flag
@@ -101,7 +110,8 @@ ENGINE_SPECS: dict[str, EngineSpec] = {
     # (launcher.py handle_shutdown, v1/engine/core.py _handle_shutdown).  Its
     # FlashInfer and symmetric memory all-reduce (on by default on Hopper)
     # ignore the custom AR flag.
-    "vllm": EngineSpec("vllm.entrypoints.cli.main", None, True, "/health", probe_timeout=10.0,
+    "vllm": EngineSpec("vllm.entrypoints.cli.main", None, "--tensor-parallel-size", "/health",
+                       probe_timeout=10.0, subcommand=("serve",),
                        drain=30.0, drain_flag="--shutdown-timeout",
                        # /health reads a flag: 200 while the engine was broken (vllm#36960)
                        liveness_probe="generate", model_name_flag="--served-model-name",
@@ -118,7 +128,7 @@ ENGINE_SPECS: dict[str, EngineSpec] = {
     # point).  SIGTERM is uvicorn's: it closes the port (new connections are
     # refused) and waits for the requests in flight with no time limit
     # (serve/openai_server.py): TimeoutStopSec is the drain's bound.
-    "trtllm": EngineSpec("tensorrt_llm.commands.serve", None, True, "/health",
+    "trtllm": EngineSpec("tensorrt_llm.commands.serve", None, "--tp_size", "/health",
                          probe_timeout=10.0, drain=30.0, canary_api="openai",
                          version_path="/version", version_keys=("version",)),
     # text-generation-launcher: launcher -> shards -> router; the router (and
@@ -130,7 +140,8 @@ ENGINE_SPECS: dict[str, EngineSpec] = {
     # --prometheus-port 9000 (the router dies at start when it is taken),
     # --shard-uds-path /tmp/text-generation-server (a second launcher deletes
     # the first one's sockets).
-    "tgi": EngineSpec(None, "text-generation-launcher", True, "/health", probe_timeout=10.0,
+    "tgi": EngineSpec(None, "text-generation-launcher", "--num-shard", "/health",
+                      probe_timeout=10.0, model_flag="--model-id", host_flag="--hostname",
                       drain=90.0, drain_flag="--graceful-termination-timeout", own_drain=90.0,
                       drain_rounds=2, flags_from_env=True,
                       port_flags=(("--master-port", 1), ("--prometheus-port", 2)),
@@ -146,14 +157,15 @@ ENGINE_SPECS: dict[str, EngineSpec] = {
     # next token of a loop that is gone), and the stop would end failed in
     # TimeoutStopSec's SIGKILL: the unit stops it with SIGKILL at once; the
     # driver frees its GPU memory as at any exit (wait-free waits for it).
-    "llamacpp": EngineSpec(None, "llama-server", False, "/health", probe_timeout=10.0,
+    "llamacpp": EngineSpec(None, "llama-server", None, "/health", probe_timeout=10.0,
+                           model_flag="--model", hub_flag="--hf-repo",
                            drain=0.0, can_drain=False, stop_signal="SIGKILL",
                            liveness_probe="generate", model_name_flag="--alias",
                            # /props: build_info names the build (b<N>-<commit>)
                            canary_api="llamacpp", version_path="/props",
                            version_keys=("build_info",)),
     # Any server: [stop] drain is only how long systemd waits after SIGTERM.
-    "command": EngineSpec(None, None, False, "/health", probe_timeout=10.0, drain=0.0),
+    "command": EngineSpec(None, None, None, "/health", probe_timeout=10.0, drain=0.0),
 }
 
 

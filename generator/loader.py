@@ -5,6 +5,10 @@ found on the path), NAME.toml.d/*.toml.  Drop-ins are collected from every
 directory; a same-named drop-in in a higher directory replaces the lower one;
 all are applied in file-name order.  Tables merge key by key; scalars and
 arrays replace.
+
+A Loader is one run's reading of the path (a generator run, one command):
+what it listed and parsed it keeps for that run only, so no caller ever has
+to drop a cache.
 """
 
 from __future__ import annotations
@@ -106,30 +110,6 @@ def _is_masked(path: str) -> bool:
         return False
 
 
-_listings: dict[str, list[str] | OSError] = {}   # each directory is listed once per run
-_listed_names: dict[str, frozenset[str]] = {}     # the same, to ask whether a name is there
-
-
-def _list_dir(directory: str) -> list[str]:
-    """Entries of a directory; [] when it does not exist.  Any other failure
-    (a symlink loop, EACCES, EIO) raises OSError: a directory we cannot read
-    must not look like an empty one."""
-    if directory not in _listings:
-        _listings[directory] = _listing(directory)
-    listing = _listings[directory]
-    if isinstance(listing, OSError):
-        raise listing
-    return listing
-
-
-def _in_dir(directory: str, name: str) -> bool:
-    """Whether `name` is in _list_dir(directory) (which may raise the same)."""
-    names = _listed_names.get(directory)
-    if names is None:
-        names = _listed_names[directory] = frozenset(_list_dir(directory))
-    return name in names
-
-
 class UntrustedDirectory(OSError):
     """A directory of the search path (or of drop-ins) that someone other
     than root can write: refused whole, for reading as for writing."""
@@ -176,21 +156,6 @@ def untrusted_directory(st: os.stat_result) -> str | None:
     return None
 
 
-def forget_cache() -> None:
-    """Drop what this process read (for long-lived callers and tests)."""
-    _listings.clear()
-    _listed_names.clear()
-    _drop_in_lists.clear()
-    _parsed.clear()
-    _system_units.clear()
-    _system_units_listed.clear()
-
-
-# Host-wide drop-ins are read and parsed once per run, and apply to every
-# model: _merge copies what it takes from them, so no model changes another's.
-_parsed: dict[str, dict[str, Any]] = {}
-
-
 def read_file(path: str) -> bytes:
     """The file's bytes: regular files only (opening a FIFO must not block),
     at most MAX_FILE_BYTES."""
@@ -226,18 +191,6 @@ def read_file(path: str) -> bytes:
         raise ConfigError(path, None, f"cannot read: {e.strerror}") from None
     finally:
         os.close(fd)
-
-
-def _read_toml(path: str, shared: bool) -> dict[str, Any]:
-    """The file's table (tomllib), checked against the limits every later step
-    relies on (_check_value); a `shared` (host-wide) one is kept for the
-    next model."""
-    found = _parsed.get(path)
-    if found is None:
-        found = _parse(path, read_file(path))
-        if shared:
-            _parsed[path] = found
-    return found
 
 
 def _parse(path: str, data: bytes) -> dict[str, Any]:
@@ -314,74 +267,6 @@ def _forget_origins(table: dict[str, Any], prefix: str, origin: dict[str, str]) 
             _forget_origins(value, f"{prefix}{key}.", origin)
 
 
-_drop_in_lists: dict[tuple[tuple[str, ...], str], list[str]] = {}   # host-wide: once per run
-
-
-def _drop_ins(dirs: list[str], subdir: str) -> list[str]:
-    """Drop-in paths for `subdir` (e.g. "x.toml.d"), higher directories winning by file name."""
-    key = (tuple(dirs), subdir)
-    found = _drop_in_lists.get(key)
-    if found is None:
-        found = _drop_in_lists[key] = _find_drop_ins(dirs, subdir)
-    return list(found)
-
-
-def _find_drop_ins(dirs: list[str], subdir: str) -> list[str]:
-    chosen: dict[str, str] = {}
-    for directory in dirs:
-        try:
-            if not _in_dir(directory, subdir):
-                continue
-        except OSError:
-            continue        # discover() reported the directory
-        full = os.path.join(directory, subdir)
-        try:
-            entries = _list_dir(full)
-        except UntrustedDirectory as e:
-            raise ConfigError(full, None, str(e)) from None
-        except OSError as e:
-            raise ConfigError(full, None, f"cannot list drop-ins: {e.strerror}") from None
-        for entry in entries:
-            if entry.endswith(".toml") and entry not in chosen:
-                chosen[entry] = os.path.join(full, entry)
-    return [chosen[k] for k in sorted(chosen) if not _is_masked(chosen[k])]
-
-
-_system_units: dict[str, str] = {}     # "ssh.service" -> the directory holding it
-_system_units_listed: list[bool] = []
-
-
-def existing_unit(unit: str) -> str | None:
-    """The path of a unit by this name on the system's unit path, unless this
-    generator wrote it (`infer-units render --output /etc/systemd/system`)."""
-    if not _system_units_listed:
-        _system_units_listed.append(True)
-        seen = set()
-        for directory in reversed(unit_path()):     # the first directory wins
-            try:
-                st = os.stat(directory)
-                if (st.st_dev, st.st_ino) in seen:
-                    continue        # /lib is /usr/lib on merged-/usr systems: list it once
-                seen.add((st.st_dev, st.st_ino))
-                _system_units.update(dict.fromkeys(os.listdir(directory), directory))
-            except OSError:
-                continue
-    found = _system_units.get(unit)
-    if found is None:
-        return None
-    path = os.path.join(found, unit)
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)   # FIFOs must not block
-        try:
-            if os.read(fd, len(GENERATOR_STAMP)) == GENERATOR_STAMP.encode():
-                return None
-        finally:
-            os.close(fd)
-    except OSError:
-        pass        # a dangling or /dev/null link (a masked unit) still names a unit
-    return path
-
-
 def _name_problem(name: str) -> str | None:
     if not name:
         return "a model file needs a name before .toml"
@@ -400,69 +285,174 @@ def _name_problem(name: str) -> str | None:
     return None
 
 
-def discover(dirs: list[str] | None = None) -> tuple[dict[str, str], list[ConfigError]]:
-    """Model name -> main file (first on the path, masks removed), plus naming errors."""
-    dirs = search_path() if dirs is None else dirs
-    found: dict[str, str] = {}
-    errors: list[ConfigError] = []
-    for directory in dirs:
-        try:
-            entries = sorted(_list_dir(directory))
-        except UntrustedDirectory as e:
-            errors.append(ConfigError(directory, None, str(e)))
-            continue
-        except OSError as e:
-            errors.append(ConfigError(directory, None, f"cannot list: {e.strerror} "
-                                      "(no model of this directory generated)"))
-            continue
-        for entry in entries:
-            if not entry.endswith(".toml"):
-                continue
-            name = entry[: -len(".toml")]
-            if name in found:
-                continue
-            # A directory, FIFO or unreadable x.toml is found too (and refused
-            # when read): it must not let a lower x.toml through unnoticed.
-            found[name] = os.path.join(directory, entry)
-    models: dict[str, str] = {}
-    for name, path in sorted(found.items()):
-        if _is_masked(path):
-            continue
-        error = name_error(name, path)
-        if error is not None:
-            errors.append(error)
-            continue
-        models[name] = path
-    return models, errors
-
-
-def name_error(name: str, path: str) -> ConfigError | None:
-    """Why `name` (from the file `path`) cannot be a model's unit name, if so."""
-    if name == DEFAULTS_NAME:
-        return ConfigError(path, None, f'"{DEFAULTS_NAME}" is reserved for '
-                           f"{DEFAULTS_NAME}.toml.d/ host-wide defaults")
-    problem = _name_problem(name)
-    if problem:
-        return ConfigError(path, None, f"{name!r} is not a valid unit name: {problem}")
-    existing = existing_unit(f"{name}.service")
-    if existing:
-        return ConfigError(path, None, f"{name}.service already exists on the "
-                           f"system's unit path ({existing}); a generated unit "
-                           "would replace it: rename the model file")
-    return None
-
-
 def is_path(arg: str) -> bool:
     """A model named on the command line by its file (anywhere), not its name."""
     return "/" in arg or arg.endswith(".toml")
 
 
-def load_model(name: str, main_path: str, dirs: list[str] | None = None) -> MergedConfig:
-    dirs = search_path() if dirs is None else dirs
-    merged = MergedConfig(name, main_path)
-    shared = _drop_ins(dirs, f"{DEFAULTS_NAME}.toml.d")     # every model's: read once, copied
-    for path in shared + [main_path] + _drop_ins(dirs, f"{name}.toml.d"):
-        _merge(merged.data, _read_toml(path, path in shared), path, merged.origin,
-               path in shared)
-        merged.sources.append(path)
-    return merged
+class Loader:
+    """One run's reading of the search path `dirs` (search_path() unless
+    given): the model files found there, each merged with its drop-ins.
+    Within a run each directory is listed once, the host-wide drop-ins are
+    read and parsed once (they apply to every model: _merge copies what it
+    takes from them, so no model changes another's), and the system's unit
+    path is listed once.  A new run (a generator run, a command, an edit's
+    next check) makes a new Loader and so reads the files as they are then."""
+
+    def __init__(self, dirs: list[str] | None = None) -> None:
+        self.dirs = search_path() if dirs is None else dirs
+        self._listings: dict[str, list[str] | OSError] = {}
+        self._listed_names: dict[str, frozenset[str]] = {}   # the same, to ask whether a name is there
+        self._drop_in_lists: dict[tuple[tuple[str, ...], str], list[str]] = {}
+        self._parsed: dict[str, dict[str, Any]] = {}          # host-wide files only
+        self._system_units: dict[str, str] | None = None      # "ssh.service" -> its directory
+
+    def discover(self) -> tuple[dict[str, str], list[ConfigError]]:
+        """Model name -> main file (first on the path, masks removed), plus naming errors."""
+        found: dict[str, str] = {}
+        errors: list[ConfigError] = []
+        for directory in self.dirs:
+            try:
+                entries = sorted(self._list_dir(directory))
+            except UntrustedDirectory as e:
+                errors.append(ConfigError(directory, None, str(e)))
+                continue
+            except OSError as e:
+                errors.append(ConfigError(directory, None, f"cannot list: {e.strerror} "
+                                          "(no model of this directory generated)"))
+                continue
+            for entry in entries:
+                if not entry.endswith(".toml"):
+                    continue
+                name = entry[: -len(".toml")]
+                if name in found:
+                    continue
+                # A directory, FIFO or unreadable x.toml is found too (and refused
+                # when read): it must not let a lower x.toml through unnoticed.
+                found[name] = os.path.join(directory, entry)
+        models: dict[str, str] = {}
+        for name, path in sorted(found.items()):
+            if _is_masked(path):
+                continue
+            error = self.name_error(name, path)
+            if error is not None:
+                errors.append(error)
+                continue
+            models[name] = path
+        return models, errors
+
+    def load_model(self, name: str, main_path: str,
+                   dirs: list[str] | None = None) -> MergedConfig:
+        """The model `name` of the file `main_path`, with the host-wide
+        defaults and its drop-ins from `dirs` (this loader's path unless given:
+        a file named on the command line adds its own directory)."""
+        dirs = self.dirs if dirs is None else dirs
+        merged = MergedConfig(name, main_path)
+        shared = self._drop_ins(dirs, f"{DEFAULTS_NAME}.toml.d")   # every model's: read once, copied
+        for path in shared + [main_path] + self._drop_ins(dirs, f"{name}.toml.d"):
+            _merge(merged.data, self._read_toml(path, path in shared), path, merged.origin,
+                   path in shared)
+            merged.sources.append(path)
+        return merged
+
+    def name_error(self, name: str, path: str) -> ConfigError | None:
+        """Why `name` (from the file `path`) cannot be a model's unit name, if so."""
+        if name == DEFAULTS_NAME:
+            return ConfigError(path, None, f'"{DEFAULTS_NAME}" is reserved for '
+                               f"{DEFAULTS_NAME}.toml.d/ host-wide defaults")
+        problem = _name_problem(name)
+        if problem:
+            return ConfigError(path, None, f"{name!r} is not a valid unit name: {problem}")
+        existing = self.existing_unit(f"{name}.service")
+        if existing:
+            return ConfigError(path, None, f"{name}.service already exists on the "
+                               f"system's unit path ({existing}); a generated unit "
+                               "would replace it: rename the model file")
+        return None
+
+    def existing_unit(self, unit: str) -> str | None:
+        """The path of a unit by this name on the system's unit path, unless this
+        generator wrote it (`infer-units render --output /etc/systemd/system`)."""
+        if self._system_units is None:
+            self._system_units = {}
+            seen = set()
+            for directory in reversed(unit_path()):     # the first directory wins
+                try:
+                    st = os.stat(directory)
+                    if (st.st_dev, st.st_ino) in seen:
+                        continue        # /lib is /usr/lib on merged-/usr systems: list it once
+                    seen.add((st.st_dev, st.st_ino))
+                    self._system_units.update(dict.fromkeys(os.listdir(directory), directory))
+                except OSError:
+                    continue
+        found = self._system_units.get(unit)
+        if found is None:
+            return None
+        path = os.path.join(found, unit)
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)   # FIFOs must not block
+            try:
+                if os.read(fd, len(GENERATOR_STAMP)) == GENERATOR_STAMP.encode():
+                    return None
+            finally:
+                os.close(fd)
+        except OSError:
+            pass        # a dangling or /dev/null link (a masked unit) still names a unit
+        return path
+
+    def _list_dir(self, directory: str) -> list[str]:
+        """Entries of a directory; [] when it does not exist.  Any other failure
+        (a symlink loop, EACCES, EIO) raises OSError: a directory we cannot read
+        must not look like an empty one."""
+        if directory not in self._listings:
+            self._listings[directory] = _listing(directory)
+        listing = self._listings[directory]
+        if isinstance(listing, OSError):
+            raise listing
+        return listing
+
+    def _in_dir(self, directory: str, name: str) -> bool:
+        """Whether `name` is in _list_dir(directory) (which may raise the same)."""
+        names = self._listed_names.get(directory)
+        if names is None:
+            names = self._listed_names[directory] = frozenset(self._list_dir(directory))
+        return name in names
+
+    def _read_toml(self, path: str, shared: bool) -> dict[str, Any]:
+        """The file's table (tomllib), checked against the limits every later step
+        relies on (_check_value); a `shared` (host-wide) one is kept for the
+        next model."""
+        found = self._parsed.get(path)
+        if found is None:
+            found = _parse(path, read_file(path))
+            if shared:
+                self._parsed[path] = found
+        return found
+
+    def _drop_ins(self, dirs: list[str], subdir: str) -> list[str]:
+        """Drop-in paths for `subdir` (e.g. "x.toml.d"), higher directories winning by file name."""
+        key = (tuple(dirs), subdir)
+        found = self._drop_in_lists.get(key)
+        if found is None:
+            found = self._drop_in_lists[key] = self._find_drop_ins(dirs, subdir)
+        return list(found)
+
+    def _find_drop_ins(self, dirs: list[str], subdir: str) -> list[str]:
+        chosen: dict[str, str] = {}
+        for directory in dirs:
+            try:
+                if not self._in_dir(directory, subdir):
+                    continue
+            except OSError:
+                continue        # discover() reported the directory
+            full = os.path.join(directory, subdir)
+            try:
+                entries = self._list_dir(full)
+            except UntrustedDirectory as e:
+                raise ConfigError(full, None, str(e)) from None
+            except OSError as e:
+                raise ConfigError(full, None, f"cannot list drop-ins: {e.strerror}") from None
+            for entry in entries:
+                if entry.endswith(".toml") and entry not in chosen:
+                    chosen[entry] = os.path.join(full, entry)
+        return [chosen[k] for k in sorted(chosen) if not _is_masked(chosen[k])]

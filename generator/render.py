@@ -5,7 +5,7 @@ from __future__ import annotations
 import functools
 import json
 import os
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -13,16 +13,16 @@ from .. import __version__
 from .durations import format_seconds, parse_duration
 from .engines import ENGINE_SPECS, flag_value
 from .liveness import (DEFAULT_INTERVAL_S, DROPIN, PROBE_MARGIN_S, TEMPLATE_PROBE_TIMEOUT_S,
-                       accuracy, cap_marker, group_watch_name, probe_name, state_dir,
-                       timer_name)
+                       TEMPLATES, accuracy, cap_marker, group_watch_name, probe_name,
+                       state_dir, timer_name)
 from .model import Model
 from .settings import BUILTIN_IGNORE, RESTART_DEFAULTS
 from .systemdversion import RESTART_STEPS_SINCE, systemd_version
-from .systemd_quote import (comment_text, environment_assignments, exec_line, exec_word,
-                            exec_words, path_value, plain_value, unquoted_word)
+from .systemd_quote import (Expand, comment_text, environment_assignments, exec_line,
+                            exec_word, path_value, plain_value, unquoted_word)
 
 # the CLI the hooks call, the runtime and cache directories (generator/paths.py)
-from .paths import CACHE_DIR, DEB_CLI, HOOK_CLI, RUN_DIR
+from .paths import CACHE_DIR, HOOK_CLI, RUN_DIR
 from .urls import parse_url
 
 if TYPE_CHECKING:
@@ -116,38 +116,37 @@ def health_url(m: Model) -> str | None:
     return f"http://{host}:{m.port}{path}"
 
 
-def _engine_argv(m: Model) -> str:
+def _engine_argv(m: Model) -> list[str | Expand]:
+    """The server's command, from the engine's row of ENGINE_SPECS."""
     spec = ENGINE_SPECS[m.engine]
     if m.engine == "command":
         assert m.command is not None
-        return exec_line(list(m.command) + list(m.args))
-    tp = m.tensor_parallel
-    if tp is None and isinstance(m.gpus, list):
-        tp = len(m.gpus) * (m.nodes.count if m.nodes else 1)   # the whole group's
+        return [*m.command, *m.args]
+    argv: list[str | Expand]
+    if spec.module is not None:
+        argv = [m.python, "-m", spec.module, *spec.subcommand]
+    else:
+        argv = [m.executable or spec.default_executable or ""]
     model = m.model or ""
     looks_local = model.startswith(("/", ".")) or model.endswith(".gguf")
-    values = {
-        "python": m.python,
-        "executable": m.executable or spec.default_executable or "",
-        "model": model,
-        "model_flag": "--model" if looks_local else "--hf-repo",
-        "tensor_parallel": str(tp),
-        "host": m.host,
-        "port": str(m.port),
-    }
-    argv = fill("engines/" + m.engine, values).strip()
+    flag = spec.hub_flag if spec.hub_flag and not looks_local else spec.model_flag
+    argv += [flag, model] if flag else [model]
+    if spec.tp_flag:
+        tp = m.tensor_parallel
+        if tp is None and isinstance(m.gpus, list):
+            tp = len(m.gpus) * (m.nodes.count if m.nodes else 1)   # the whole group's
+        argv += [spec.tp_flag, str(tp)]
+    argv += [spec.host_flag, m.host, "--port", str(m.port)]
     # Then, in this order: per-instance ports and paths, the multi-node flags,
     # P2P off, and the user's args last (so they can override).
-    words = [word for pair in m.instance_args for word in pair]
+    argv += [word for pair in m.instance_args for word in pair]
     if m.nodes is not None:
-        words += _node_args(m)
+        argv += _node_args(m)
     if spec.p2p_off_args and m.nccl_p2p == "off":
-        words += spec.p2p_off_args
-    if words:
-        argv += " " + exec_words(words)
+        argv += spec.p2p_off_args
     if spec.p2p_off_args and m.nccl_p2p == "auto":
-        argv += f" ${P2P_ARGS_VAR}"     # the self-test's verdict, as words (or none)
-    return argv + " " + exec_words(m.args) if m.args else argv
+        argv.append(Expand(f"${P2P_ARGS_VAR}"))     # the self-test's verdict, as words (or none)
+    return argv + list(m.args)
 
 
 def _node_args(m: Model) -> list[str]:
@@ -189,16 +188,6 @@ def _environment(m: Model, selector: str | None, by_name: bool) -> str:
     env.update(m.nccl_env)
     env.update(m.env)
     return "\n".join(["Environment=" + text for text in environment_assignments(env)])
-
-
-# The constant heads of the Exec lines every model has, quoted once.
-_HOOK = exec_word(HOOK_CLI, first=True)
-_WAIT_READY = exec_line([*BLOCK_SIGTERM, HOOK_CLI, "wait-ready", "--url"])
-
-
-def _hook(*argv: str) -> str:
-    """exec_line([HOOK_CLI, *argv])."""
-    return _HOOK + " " + exec_words(argv)
 
 
 def _ignore_args(m: Model) -> list[str]:
@@ -290,7 +279,7 @@ def _exec_start_pre(m: Model, selector: str | None, by_name: bool, ignore: list[
         for name, value in m.env.items():
             if not name.startswith("INFER_UNITS_"):
                 argv += ["--p2p-env", f"{name}={value}"]
-    return "ExecStartPre=+" + _hook(*argv)
+    return "ExecStartPre=+" + exec_line([HOOK_CLI, *argv])
 
 
 @dataclass(frozen=True)
@@ -375,7 +364,7 @@ def _canary(m: Model, url: str | None, selector: str | None) -> str:
     # The server's pid: gone (a stop while it loaded), there is nothing to
     # check.  Braced, within the word: an empty MAINPID (the server reaped)
     # is an empty value, not a missing one.
-    return "ExecStartPost=+" + _hook(*argv) + " --pid=${MAINPID}"
+    return "ExecStartPost=+" + exec_line([HOOK_CLI, *argv, Expand("--pid=${MAINPID}")])
 
 
 def _timeout_start(m: Model, url: str | None) -> str:
@@ -442,7 +431,6 @@ def _description(m: Model, gpus: str | None) -> str:
 # stops the model), and always removes it, so a stale marker can never fail
 # a later, ordinary stop.
 _CAP_SCRIPT = "m=$(cat $1 2>/dev/null) || exit 0; rm -f $1; test x$m != x$INVOCATION_ID"
-_CAP_HEAD = exec_line(["/bin/sh", "-c", _CAP_SCRIPT, "liveness-cap"])   # then the marker
 
 
 def _liveness(m: Model, url: str | None) -> tuple[str, str]:
@@ -452,7 +440,8 @@ def _liveness(m: Model, url: str | None) -> tuple[str, str]:
     wants = [timer_name(m.name)]
     if m.nodes is not None:
         wants.append(group_watch_name(m.name))
-    cap = _CAP_HEAD + " " + exec_word(cap_marker(m.name, state_dir(m.env)))
+    cap = exec_line(["/bin/sh", "-c", _CAP_SCRIPT, "liveness-cap",
+                     cap_marker(m.name, state_dir(m.env))])
     return "\n".join(f"Wants={w}" for w in wants), "ExecStopPost=+" + cap
 
 
@@ -534,22 +523,19 @@ def liveness_dropins(m: Model) -> list[RenderedUnit]:
     return units
 
 
-def shipped_units(cli: str = HOOK_CLI) -> list[RenderedUnit]:
-    """The template units the .deb installs in /usr/lib/systemd/system, for an
-    install without the .deb (pip, a venv): written by the generator beside
-    the models' units, calling that install's CLI.  The .deb's generator
-    writes none of them."""
-    from .liveness import TEMPLATES
-    here = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-                        "units", "systemd")
-    units = []
-    for name in TEMPLATES:
-        with open(os.path.join(here, name), encoding="utf-8") as f:
-            text = f.read()
-        if cli != DEB_CLI:
-            text = text.replace(f"ExecStart={DEB_CLI} ", f"ExecStart={exec_word(cli, first=True)} ")
-        units.append(RenderedUnit(name, text, ()))
-    return units
+def shipped_units(cli: str = HOOK_CLI, names: Iterable[str] = TEMPLATES) -> list[RenderedUnit]:
+    """The systemd units the package ships (units/systemd/NAME.j2), calling
+    the CLI `cli`.  tools/make-units renders every one with the .deb's CLI at
+    the package's build (shipped_names()); the generator of an install
+    without the .deb (pip, a venv) writes the liveness template units beside
+    the models' units, calling that install's CLI."""
+    return [RenderedUnit(name, fill("systemd/" + name, {"cli": cli}), ()) for name in names]
+
+
+def shipped_names() -> list[str]:
+    """Every unit of units/systemd/."""
+    names = os.listdir(os.path.join(TEMPLATE_DIR, "systemd"))
+    return sorted(name.removesuffix(".j2") for name in names if name.endswith(".j2"))
 
 
 def _sources(sources: tuple[str, ...]) -> str:
@@ -569,10 +555,12 @@ def render(m: Model) -> RenderedUnit:
         # handler is in place, would otherwise end the hook by default action
         # and leave a loading server that ignores SIGTERM to TimeoutStopSec.
         # wait-ready unblocks it once its handler is installed.
-        post.append("ExecStartPost=" + _WAIT_READY + " " + exec_words([
-            url, "--timeout", format_seconds(m.ready_timeout),
+        post.append("ExecStartPost=" + exec_line([
+            *BLOCK_SIGTERM, HOOK_CLI, "wait-ready", "--url", url,
+            "--timeout", format_seconds(m.ready_timeout),
             "--interval", format_seconds(m.ready_interval),
-            "--probe-timeout", format_seconds(m.ready_probe_timeout)]) + " --pid $MAINPID")
+            "--probe-timeout", format_seconds(m.ready_probe_timeout),
+            "--pid", Expand("$MAINPID")]))
     # Asked once here, handed to the parts that need them.
     selector = m.gpu_selector()
     by_name = m.gpus_by_name
@@ -585,9 +573,9 @@ def render(m: Model) -> RenderedUnit:
     if selector and liveness_stop_post:
         # wait-free checks the cap itself: no /bin/sh process on every stop.
         cap, liveness_stop_post = ("--liveness-cap", cap_marker(m.name, state_dir(m.env))), ""
-    stop_post = (_hook("wait-free", "--gpus", selector, "--unit", m.unit_name,
-                       "--timeout", format_seconds(_stop_post_timeout(m)), *ignore,
-                       *cap) + " --result $SERVICE_RESULT") if selector else ""
+    stop_post = exec_line([HOOK_CLI, "wait-free", "--gpus", selector, "--unit", m.unit_name,
+                           "--timeout", format_seconds(_stop_post_timeout(m)), *ignore,
+                           *cap, "--result", Expand("$SERVICE_RESULT")]) if selector else ""
     values = {
         "version": __version__,
         "sources": _sources(m.sources),
@@ -602,7 +590,7 @@ def render(m: Model) -> RenderedUnit:
         "run_dir": ENV_FILE_DIR,
         "environment": _environment(m, selector, by_name),
         "exec_start_pre": _exec_start_pre(m, selector, by_name, ignore),
-        "exec_start": _engine_argv(m),
+        "exec_start": exec_line(_engine_argv(m)),
         "exec_start_post": "\n".join(post),
         "exec_stop_post": stop_post,
         "timeout_start": _timeout_start(m, url),

@@ -7,6 +7,9 @@ split and C-unescaped, then specifiers are expanded; there is no $ expansion.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from dataclasses import dataclass
+
 # str.translate tables: each character systemd would read otherwise, escaped.
 _ENV_TABLE: dict[int, str] = {c: f"\\x{c:02x}" for c in (*range(0x20), 0x7F)}
 _ENV_TABLE.update({ord("\\"): "\\\\", ord('"'): '\\"', ord("\n"): "\\n",
@@ -24,23 +27,31 @@ _SAFE = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz012345678
 _PREFIXES = "-@+!:"   # at the start of an Exec line's first word they are flags
 
 
-def exec_word(word: str, first: bool = False) -> str:
+@dataclass(frozen=True)
+class Expand:
+    """A word of an Exec line that systemd is meant to expand when it runs
+    the line ($MAINPID; an unbraced $VAR, which becomes words, none when
+    empty): written as is, never the program."""
+    word: str
+
+
+def exec_word(word: str | Expand, first: bool = False) -> str:
     """One argv word for ExecStart= and friends (`first`: the program)."""
+    if isinstance(word, Expand):
+        return word.word
     if word and _SAFE.issuperset(word) and not (first and word[0] in _PREFIXES):
         return word
     return '"' + word.translate(_EXEC_TABLE) + '"'
 
 
-def exec_line(argv: list[str] | tuple[str, ...]) -> str:
-    line = exec_words(argv)
-    if argv and line[:1] in _PREFIXES:
-        return exec_word(argv[0], True) + line[len(argv[0]):]     # it needs quotes after all
+def exec_line(argv: Sequence[str | Expand]) -> str:
+    """A whole argv, the program first, as the value of an Exec line: every
+    command line of a unit is built as a list and quoted here, once."""
+    line = " ".join([exec_word(w) for w in argv])
+    first = argv[0] if argv else None
+    if isinstance(first, str) and line[:1] in _PREFIXES:
+        return exec_word(first, True) + line[len(first):]     # it needs quotes after all
     return line
-
-
-def exec_words(words: list[str] | tuple[str, ...]) -> str:
-    """Words for an Exec line, none of them the program (exec_line), joined."""
-    return " ".join([exec_word(w) for w in words])
 
 
 def environment_assignment(name: str, value: str) -> str:

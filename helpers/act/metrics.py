@@ -230,8 +230,8 @@ def _models() -> set[str]:
     """The units of the model files on the search path now: the series of a
     model whose file is gone are not written (its state stays, should the
     file come back)."""
-    from ...generator.loader import discover
-    return {f"{name}.service" for name in discover()[0]}
+    from ...generator.loader import Loader
+    return {f"{name}.service" for name in Loader().discover()[0]}
 
 
 def render_textfile() -> str:

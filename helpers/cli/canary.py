@@ -89,14 +89,14 @@ def _exec_start_post(unit: str) -> list[list[str]]:
 def _hook_settings_of(name: str) -> dict[str, str]:
     """The INFER_UNITS_* settings of the model's [env] that a hook honours
     (helpers/hookenv.py); none when its file does not load."""
-    from ...generator.loader import discover, load_model, search_path
+    from ...generator.loader import Loader
     from ...generator.model import build_model
     from ..hookenv import hook_settings
-    dirs = search_path()
-    path = discover(dirs)[0].get(name)
+    loader = Loader()
+    path = loader.discover()[0].get(name)
     if path is None:
         return {}
     try:
-        return hook_settings(build_model(load_model(name, path, dirs)).env)
+        return hook_settings(build_model(loader.load_model(name, path)).env)
     except Exception:  # noqa: BLE001 - the check goes on with the host's own settings
         return {}

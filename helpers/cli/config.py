@@ -17,7 +17,7 @@ import subprocess
 import sys
 import tempfile
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -25,6 +25,9 @@ from ...generator.paths import RUN_DIR
 from ..jsonout import echo_json
 from ..die import die
 from .options import complete_model_names
+
+if TYPE_CHECKING:      # an annotation only: the generator is imported when a command runs
+    from ...generator.loader import Loader
 
 OVERRIDE = "override.toml"
 # Like systemctl edit: what is above the first marker is the drop-in; the rest is for reference.
@@ -87,23 +90,21 @@ def format_merged(merged: Any, comment: str = "") -> str:
 
 # ---------------------------------------------------------------- loading
 
-def _find(name: str, dirs: list[str]) -> str:
-    from ...generator.loader import discover, forget_cache
+def _find(name: str, loader: Loader) -> str:
     name = name.removesuffix(".service")
-    forget_cache()
-    found, _ = discover(dirs)
+    found, _ = loader.discover()
     if name not in found:
-        die(f"no model file named {name}.toml on the search path ({':'.join(dirs)})")
+        die(f"no model file named {name}.toml on the search path ({':'.join(loader.dirs)})")
     return found[name]
 
 
-def _load(name: str, dirs: list[str]) -> Any:
+def _load(name: str) -> Any:
     from ...generator.errors import ConfigError
-    from ...generator.loader import forget_cache, load_model
-    path = _find(name, dirs)
-    forget_cache()
+    from ...generator.loader import Loader
+    loader = Loader()
+    path = _find(name, loader)
     try:
-        return load_model(name.removesuffix(".service"), path, dirs)
+        return loader.load_model(name.removesuffix(".service"), path)
     except ConfigError as e:
         die(str(e))
 
@@ -160,9 +161,8 @@ def with_defaults(merged: Any) -> _WithDefaults:
 def cat_command(name: str, show_all: bool, as_json: bool) -> None:
     """The merged model NAME: every value with the file it came from."""
     from ...generator.errors import ConfigError
-    from ...generator.loader import search_path
     from ...generator.model import build_model
-    loaded = _load(name, search_path())
+    loaded = _load(name)
     merged = with_defaults(loaded) if show_all else loaded
     if as_json:
         flat: dict[str, Any] = {}
@@ -321,19 +321,19 @@ def edit_command(name: str, no_reload: bool, start_from: str | None) -> None:
     (or when declined) it is kept until reboot in a file under /run the
     error names (edit --from)."""
     from ...generator.errors import ConfigError
-    from ...generator.loader import forget_cache, load_model, search_path
+    from ...generator.loader import Loader
     name = name.removesuffix(".service")
-    dirs = search_path()
-    path = _find(name, dirs)
+    loader = Loader()
+    dirs = loader.dirs
+    path = _find(name, loader)
     edit_dir = _edit_dir(dirs)
     target = os.path.join(edit_dir, f"{name}.toml.d", OVERRIDE)
     old = None
     if os.path.exists(target):
         with open(target, encoding="utf-8") as f:
             old = f.read()
-    forget_cache()
     try:
-        reference = format_merged(load_model(name, path, dirs), comment="# ")
+        reference = format_merged(loader.load_model(name, path), comment="# ")
     except ConfigError as e:
         # A broken override (or another file) is what edit is for: open it anyway.
         reference = f"# {name} does not load now:\n# {e}\n"

@@ -48,5 +48,5 @@ HOST = Checked(argtypes.host)
 
 def complete_model_names(ctx: Any, param: Any, incomplete: str) -> list[str]:
     """Model names on the search path, for bash completion."""
-    from ...generator.loader import discover
-    return sorted(n for n in discover()[0] if n.startswith(incomplete))
+    from ...generator.loader import Loader
+    return sorted(n for n in Loader().discover()[0] if n.startswith(incomplete))

@@ -417,8 +417,8 @@ def suggestions(unknown: list[str]) -> dict[str, str]:
     if not unknown:
         return {}
     import difflib
-    from ...generator.loader import discover
-    known = sorted(discover()[0])
+    from ...generator.loader import Loader
+    known = sorted(Loader().discover()[0])
     close = {n: difflib.get_close_matches(n, known, n=1) for n in unknown}
     return {n: match[0] for n, match in close.items() if match}
 

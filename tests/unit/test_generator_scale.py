@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 
 from infer_units.generator.build import load_all, render_checked
-from infer_units.generator.loader import load_model
+from infer_units.generator.loader import Loader
 
 MODEL = 'engine = "command"\ncommand = ["/opt/srv/serve"]\ngpus = [0]\n'
 
@@ -45,7 +45,7 @@ def test_replaced_table_forgets_its_origins(tmp_path: Path) -> None:
     (etc / "m.toml").write_text(MODEL)
     (etc / "m.toml.d").mkdir()
     (etc / "m.toml.d/50.toml").write_text('reap = "off"\n')
-    merged = load_model("m", str(etc / "m.toml"), [str(etc)])
+    merged = Loader([str(etc)]).load_model("m", str(etc / "m.toml"))
     assert merged.data["reap"] == "off"
     assert merged.file_of("reap.timeout") == str(etc / "m.toml.d/50.toml")
     assert "reap.timeout" not in merged.origin

@@ -346,6 +346,24 @@ def test_hang_restart_then_cap(health: Health, tmp_path: Path, journal,
     assert 'infer_units_ready{unit="m.service"} 1\n' in metrics.render_textfile()
 
 
+def test_a_long_lived_probe_s_textfile_follows_the_model_files(tmp_path: Path,
+                                                               journal) -> None:
+    """The probe lives as long as its model and rewrites the textfile after
+    each change: every textfile names the models whose files exist then, not
+    those of the probe's first one."""
+    metrics.record_seen("m.service", up=True, ready=True)
+    metrics.record_seen("n.service", up=True, ready=True)
+    text = metrics.render_textfile()
+    assert 'infer_units_up{unit="m.service"} 1\n' in text
+    assert 'unit="n.service"' not in text
+    models = tmp_path / "models"
+    (models / "n.toml").write_text('engine = "command"\ncommand = ["/bin/true"]\n')
+    (models / "m.toml").unlink()
+    text = metrics.render_textfile()
+    assert 'infer_units_up{unit="n.service"} 1\n' in text
+    assert 'unit="m.service"' not in text
+
+
 def test_a_restart_is_saved_before_systemd_is_asked(health: Health, tmp_path: Path,
                                                    journal) -> None:
     """Asking systemd may end the asker at once (a restart stops what is

@@ -143,6 +143,22 @@ def test_venv_install_generates_units_that_call_its_cli(venv: Path, tmp_path: Pa
     assert ran.returncode == 0 and "usage" in ran.stdout.lower(), ran.stderr
 
 
+def test_the_deb_installs_every_shipped_unit_calling_its_cli(tmp_path: Path) -> None:
+    """debian/rules renders units/systemd/*.j2 with tools/make-units and
+    installs each one; their commands call /usr/bin/infer-units."""
+    done = subprocess.run([SYSTEM_PYTHON, str(ROOT / "tools/make-units"), str(tmp_path)],
+                          capture_output=True, text=True, timeout=60, env=base_env())
+    assert done.returncode == 0, done.stderr
+    templates = sorted(p.name.removesuffix(".j2") for p in (ROOT / "units/systemd").iterdir())
+    assert sorted(p.name for p in tmp_path.iterdir()) == templates
+    rules = (ROOT / "packaging/debian/rules").read_text()
+    installed = set(re.findall(r"debian/units/(\S+)", rules))
+    assert installed == set(templates), installed ^ set(templates)
+    commands = [split_words(value, exec_line=True) for name in templates
+                for value in values((tmp_path / name).read_text(), "Service", "ExecStart")]
+    assert len(commands) == 4 and all(argv[0] == DEB_CLI for argv in commands), commands
+
+
 def _modules(top: Path) -> set[str]:
     return {os.path.relpath(os.path.join(d, f), top)
             for d, _dirs, files in os.walk(top, followlinks=True) if "__pycache__" not in d

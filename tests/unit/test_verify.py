@@ -14,11 +14,11 @@ from pathlib import Path
 
 import pytest
 
+from infer_units.generator.paths import DEB_CLI
+from infer_units.generator.render import shipped_names, shipped_units
 from ..support import run_generator
 from .test_generator_cases import case_names, prepare
 from ..unitfile import exec_argv, parse_unit, values
-
-SHIPPED = Path(__file__).resolve().parents[2] / "units/systemd"
 
 ANALYZE = shutil.which("systemd-analyze")
 pytestmark = pytest.mark.skipif(not ANALYZE or not Path("/usr/lib/systemd/system").is_dir(),
@@ -41,9 +41,9 @@ def verify_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def make_verify_root(root: Path) -> Path:
     """This host's units and the package's template units, in `root`."""
     shutil.copytree("/usr/lib/systemd/system", root / "usr/lib/systemd/system", symlinks=True)
-    for template in SHIPPED.iterdir():      # as the .deb installs them
-        shutil.copy(template, root / "usr/lib/systemd/system" / template.name)
-        for key, value in parse_unit(template.read_text()).get("Service", []):
+    for template in shipped_units(DEB_CLI, shipped_names()):     # as the .deb installs them
+        (root / "usr/lib/systemd/system" / template.name).write_text(template.text)
+        for key, value in parse_unit(template.text).get("Service", []):
             if key.startswith("Exec"):
                 _stub(root, exec_argv(value)[0])
     return root

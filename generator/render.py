@@ -473,16 +473,13 @@ def liveness_argv(m: Model, url: str) -> list[str]:
     unit was generated (the probe reads no model file)."""
     live = m.liveness
     assert live is not None
-    argv = [HOOK_CLI, "liveness-probe", "--unit", m.unit_name, "--url", url,
+    generate = _generation_probe(m, url)
+    probed, post = (url, []) if generate is None else (generate[0], ["--post", generate[1]])
+    return [HOOK_CLI, "liveness-probe", "--unit", m.unit_name, "--url", probed,
             "--interval", format_seconds(live.interval), "--failures", str(live.failures),
             "--timeout", format_seconds(live.timeout),
             "--max-restarts", str(live.max_restarts),
-            "--restart-window", format_seconds(live.restart_window)]
-    generate = _generation_probe(m, url)
-    if generate is not None:
-        argv[5] = generate[0]
-        argv += ["--post", generate[1]]
-    return argv
+            "--restart-window", format_seconds(live.restart_window), *post]
 
 
 def group_watch_argv(m: Model) -> list[str]:

@@ -205,15 +205,19 @@ def _gpu_table_half_written(box, rng: random.Random) -> bool:
                        f"mv {table}.whole {table}")
 
 
-def _run_dir_full(box, rng: random.Random) -> bool:
-    """/run/infer-units full during a start (a small tmpfs over it, filled),
-    then as it was."""
+def _full_during_start(box, rng: random.Random, directory: str, size: str) -> bool:
+    """`directory` full during a start (a small tmpfs over it, filled), then
+    as it was."""
     _ensure_inactive(box)
     _start_async(box)
     return _during_job(box, rng.uniform(0.0, 0.5),
-                       "mount -t tmpfs -o size=64k,mode=0755 none /run/infer-units && "
-                       "(cat /dev/zero > /run/infer-units/filler 2>/dev/null; true) && "
-                       f"sleep {rng.uniform(0.1, 1.5):.3f}; umount -l /run/infer-units")
+                       f"mount -t tmpfs -o size={size},mode=0755 none {directory} && "
+                       f"(cat /dev/zero > {directory}/filler 2>/dev/null; true) && "
+                       f"sleep {rng.uniform(0.1, 1.5):.3f}; umount -l {directory}")
+
+
+def _run_dir_full(box, rng: random.Random) -> bool:
+    return _full_during_start(box, rng, "/run/infer-units", "64k")
 
 
 def _gpu_facts_hang(box, rng: random.Random) -> bool:
@@ -231,14 +235,8 @@ def _gpu_facts_hang(box, rng: random.Random) -> bool:
 
 
 def _metrics_dir_full(box, rng: random.Random) -> bool:
-    """The metrics directory full during a start (a small tmpfs over it,
-    filled), then as it was: metrics never fail a start."""
-    _ensure_inactive(box)
-    _start_async(box)
-    return _during_job(box, rng.uniform(0.0, 0.5),
-                       f"mount -t tmpfs -o size=16k,mode=0755 none {METRICS} && "
-                       f"(cat /dev/zero > {METRICS}/filler 2>/dev/null; true) && "
-                       f"sleep {rng.uniform(0.1, 1.5):.3f}; umount -l {METRICS}")
+    """Metrics never fail a start."""
+    return _full_during_start(box, rng, METRICS, "16k")
 
 
 FAULTS: list[tuple[str, bool, Callable[..., bool]]] = [

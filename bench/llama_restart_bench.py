@@ -26,7 +26,7 @@ kills it; NVML's process list does not show it).  The sampler holds the
 device files too: it is stopped before (c)'s kill and started again after
 its `fuser -k`, and the recipe runs from a script file (`sh -c '...'` would
 match its own `pgrep -f`).  docs/performance.md has the figures; the goal
-(docs/performance.md): (a) within (b) + 250 ms, nothing but the model killed.
+(docs/performance.md): (a) within (b) + 300 ms, nothing but the model killed.
 """
 
 from __future__ import annotations
@@ -340,8 +340,8 @@ def main() -> int:
     # read (docs/performance.md), not a test: it is printed, not enforced.
     ok = (a["answered"] == a["runs"] == b["answered"] and a["bystander_kills"] == 0
           and not a["old_pid_alive"] and cfg["same_exec_start"])
-    goal_met = added <= 250
-    print(f"added by the hooks: {added:.1f} ms (goal: within 250 ms of the bare unit: "
+    goal_met = added <= 300
+    print(f"added by the hooks: {added:.1f} ms (goal: within 300 ms of the bare unit: "
           f"{'met' if goal_met else 'NOT met'}); collateral of (a): {a['bystander_kills']} "
           f"(goal 0); the seeds' recipe: {summary['seeds']['median_ms'] - b['median_ms']:+.1f} ms against "
           f"(b), {summary['seeds']['bystander_kills']} bystander kills in {summary['seeds']['runs']} runs")

@@ -403,6 +403,31 @@ def _exec_stop(m: Model) -> str:
     return ""
 
 
+# While a server drains, its port refuses new connections (a TCP reset at
+# once, so a client or load balancer moves on) and the connections open go
+# on: SGLang takes new requests until it exits, vLLM's /health stays 200.
+# A table of its own per port, made by ExecStop= before the drain's SIGTERM;
+# ExecStopPost= and the next start's ExecStartPre= remove it ("add; delete": no
+# error when it is not there).  Only new connections: a keep-alive
+# connection can still carry a request (docs/engines.md, "Stopping").
+NFT = "/usr/sbin/nft"
+
+
+def _port_fence(m: Model) -> tuple[str, str]:
+    """(the ExecStop= that closes the port, the command line that opens it
+    again), or ("", "") where the server does not drain on an HTTP port."""
+    port = m.ports.get("port")
+    if port is None or m.drain <= 0 or not ENGINE_SPECS[m.engine].can_drain:
+        return "", ""
+    table = f"inet infer_units_drain_{port}"
+    close = (f"add table {table}; add chain {table} input {{ type filter hook input priority -10; "
+             f"policy accept; }}; add rule {table} input tcp dport {port} "
+             "tcp flags & (syn | ack) == syn reject with tcp reset")
+    # "-": a host without nf_tables still drains, as before.
+    return ("ExecStop=-+" + exec_line([NFT, close]),
+            "-+" + exec_line([NFT, f"add table {table}; delete table {table}"]))
+
+
 def _stop_post_timeout(m: Model) -> float:
     """wait-free waits for the unit's own processes and their memory once the
     server has exited, its drain over: bounded by the teardown part of the
@@ -570,6 +595,7 @@ def render(m: Model) -> RenderedUnit:
     if selector and liveness_stop_post:
         # wait-free checks the cap itself: no /bin/sh process on every stop.
         cap, liveness_stop_post = ("--liveness-cap", cap_marker(m.name, state_dir(m.env))), ""
+    fence_close, fence_open = _port_fence(m)
     stop_post = exec_line([HOOK_CLI, "wait-free", "--gpus", selector, "--unit", m.unit_name,
                            "--timeout", format_seconds(_stop_post_timeout(m)), *ignore,
                            *cap, "--result", Expand("$SERVICE_RESULT")]) if selector else ""
@@ -592,6 +618,8 @@ def render(m: Model) -> RenderedUnit:
         "exec_stop_post": stop_post,
         "timeout_start": _timeout_start(m, url),
         "exec_stop": _exec_stop(m),
+        "port_fence_close": fence_close,
+        "port_fence_open": fence_open,
         "restart": _restart_lines(m),
         "timeout_stop": format_seconds(m.stop_timeout + STOP_MARGIN_S),
         "service_directives": "\n".join(_directives(_service_directives(m))),

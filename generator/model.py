@@ -401,6 +401,16 @@ def _cross_check(v: dict[str, Any], merged: MergedConfig) -> None:
                   "uuid" if isinstance(g, str) else "index") for g in gpus}
         if len(kinds) > 1:
             fail("gpus", "mixes indexes, UUIDs and PCI bus ids; use one kind")
+        mig = [g for g in gpus if isinstance(g, str) and g.upper().startswith("MIG-")]
+        if mig:
+            # Refused here, not at the start: pre-start finds a GPU's users,
+            # reaps them and waits for its memory per whole GPU, and vLLM
+            # would crash on the name besides.
+            fail("gpus", f"{mig[0]} is a MIG device: infer-units runs servers on whole GPUs "
+                 "(it finds their users and waits for their memory per GPU)"
+                 + (", and vLLM reads CUDA_VISIBLE_DEVICES with int(), which a MIG device's "
+                    "name fails at start (vllm#41848)" if engine == "vllm" else "")
+                 + "; name the whole GPU with MIG off (nvidia-smi -i N -mig 0)")
     for key, instead in (("TimeoutStopSec", "[stop] timeout"),
                          ("TimeoutStartSec", "[ready] timeout")):
         if key in v["service"]:

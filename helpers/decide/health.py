@@ -152,8 +152,8 @@ def judge_gpu(gpu: Gpu, got: GpuFacts, kernel: Kernel | None, log: KernelLog | N
         found.append(unknown("mig", "mig"))
     elif mig:
         found.append(out("mig", WARNING, "MIG mode on: the whole GPU cannot run a server",
-                         "name MIG devices in `gpus` (MIG-<uuid> from `nvidia-smi -L`), or "
-                         f"`nvidia-smi -i {gpu.index} -mig 0` and reset the GPU", "mig"))
+                         f"`nvidia-smi -i {gpu.index} -mig 0` and reset the GPU (infer-units "
+                         "runs servers on whole GPUs: MIG devices in `gpus` are refused)", "mig"))
     else:
         found.append(out("mig", OK, "MIG off", key="mig"))
     found.append(_judge_hmm(f["addressing"], why.get("addressing", ""), kernel, why_no_kernel,

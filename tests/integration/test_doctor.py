@@ -145,7 +145,7 @@ CASES = [
     ({"fabric": "not-started"}, "fabric", "error", "nvidia-fabricmanager"),
     ({"fabric": "failed"}, "fabric", "error", "nvidia-fabricmanager"),
     ({"fabric": "completed"}, "fabric", "ok", "completed"),
-    ({"mig": True}, "mig", "warning", "MIG-<uuid>"),
+    ({"mig": True}, "mig", "warning", "MIG devices in `gpus` are refused"),
     ({"addressing": "hmm"}, "hmm", "warning", "uvm_disable_hmm=1"),
     ({"addressing": "ats"}, "hmm", "ok", "ats"),
     ({"cc": "on"}, "cc", "warning", 'p2p = "auto"'),

@@ -407,18 +407,28 @@ def _exec_stop(m: Model) -> str:
 # once, so a client or load balancer moves on) and the connections open go
 # on: SGLang takes new requests until it exits, vLLM's /health stays 200.
 # A table of its own per port, made by ExecStop= before the drain's SIGTERM;
-# ExecStopPost= and the next start's ExecStartPre= remove it ("add; delete": no
-# error when it is not there).  Only new connections: a keep-alive
+# ExecStopPost= and the next start's ExecStartPre= remove it ("add; delete":
+# no error when it is not there).  Only new connections: a keep-alive
 # connection can still carry a request (docs/engines.md, "Stopping").
+# With no drain the requests in flight are cut: ExecStop= resets the port's
+# open connections first, since vLLM's HTTP server, its requests aborted,
+# waits for their connections to close until TimeoutStopSec kills it.
 NFT = "/usr/sbin/nft"
+SS = "/usr/bin/ss"
 
 
 def _port_fence(m: Model) -> tuple[str, str]:
-    """(the ExecStop= that closes the port, the command line that opens it
-    again), or ("", "") where the server does not drain on an HTTP port."""
+    """(the ExecStop= that closes the port or cuts its connections, the
+    command line that opens it again); ("", "") for a server whose stop
+    SIGKILLs it, that has no HTTP port here, or a command's (its drain is
+    only systemd's wait)."""
     port = m.ports.get("port")
-    if port is None or m.drain <= 0 or not ENGINE_SPECS[m.engine].can_drain:
+    if port is None or _exec_stop(m) or m.engine == "command":
         return "", ""
+    if m.drain <= 0:
+        # "-": a kernel without socket destroy leaves the stop as before.
+        return ("ExecStop=-+" + exec_line([SS, "-K", "-t", "state", "established",
+                                           "sport", "=", f":{port}"]), "")
     table = f"inet infer_units_drain_{port}"
     close = (f"add table {table}; add chain {table} input {{ type filter hook input priority -10; "
              f"policy accept; }}; add rule {table} input tcp dport {port} "

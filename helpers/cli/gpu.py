@@ -95,9 +95,7 @@ def holders(selector: str | None, as_json: bool) -> None:
 def wait_port(port: int, host: str, timeout: float) -> None:
     """Wait until the port is free; name who holds it if it is not."""
     from ..act.portwait import wait_ports
-    sys.exit(wait_ports(host, [port], None, "wait", timeout,
-                        lambda message, _priority: click.echo(f"infer-units: {message}",
-                                                              err=True)))
+    sys.exit(wait_ports(host, [port], None, "wait", timeout))
 
 
 # --------------------------------------------------------------------- p2p-check

@@ -266,14 +266,15 @@ def write_report_unit(out_dir: str, ident: str, messages: list[tuple[int, str]])
 
 def setup(handler: logging.Handler | None = None, level: int = logging.DEBUG) -> logging.Handler:
     """Once per process, at its entry point: `handler` (a StdioHandler for
-    stderr if None) is the one place the project's records go.  A second call
-    replaces the first's handler (the tests run entry points in one process).
-    Records still propagate: nothing of ours configures the root logger, so
-    only a test's log capture sees them twice."""
+    stderr if None) is the one place the project's records go, those of
+    `level` and above.  A second call replaces the first's handler (the tests
+    run entry points in one process).  Records still propagate: nothing of
+    ours configures the root logger, so only a test's log capture sees them."""
     handler = handler if handler is not None else StdioHandler()
+    handler.setLevel(level)
     logger = logging.getLogger(PROJECT)
     for old in list(logger.handlers):
         logger.removeHandler(old)
     logger.addHandler(handler)
-    logger.setLevel(level)
+    logger.setLevel(logging.DEBUG)      # the handler filters; the hooks' _LastError sees all
     return handler

@@ -52,7 +52,9 @@ def main(argv: list[str] | None = None) -> int:
         logging.getLogger(PROJECT).removeHandler(sink)
 
 
-log = logging.getLogger(__name__)
+# Not __name__: run as `python3 -m infer_units.generator.main` (the tests,
+# a developer) this module is __main__, outside the project's logger.
+log = logging.getLogger(f"{PROJECT}.generator.main")
 
 
 def generate(out_dir: str, sink: GeneratorHandler) -> int:

@@ -61,7 +61,7 @@ REPORT_UNIT = "infer-units-generator-report.service"
 
 def priority(levelno: int) -> int:
     """The syslog priority of a record's level (a level between two of the
-    table's counts as the more severe one)."""
+    table's counts as the less severe one)."""
     for level, prio in PRIORITIES:
         if levelno >= level:
             return prio

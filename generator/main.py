@@ -8,12 +8,13 @@ skipped, the others are still generated.  Like every systemd generator
 
 from __future__ import annotations
 
+import logging
 import sys
 
 from .atomicfile import Dir, open_dir
 from .build import Loaded, as_config_error, load_all, render_checked
 from .errors import ConfigError
-from .log import GeneratorLog
+from .log import PROJECT, GeneratorHandler, setup, systemd_log_level
 from .paths import DEB_CLI, HOOK_CLI
 from .render import RenderedUnit, shipped_units
 
@@ -42,12 +43,23 @@ def main(argv: list[str] | None = None) -> int:
         # Only a person gets this wrong (systemd passes three): tell the terminal.
         print("usage: infer-units-generator normal-dir [early-dir late-dir]", file=sys.stderr)
         return 1
-    return generate(argv[0])
+    sink = GeneratorHandler()
+    setup(sink, systemd_log_level())
+    try:
+        return generate(argv[0], sink)
+    finally:
+        # main() returns to its caller (the fuzz tests run it in process).
+        logging.getLogger(PROJECT).removeHandler(sink)
 
 
-def generate(out_dir: str) -> int:
-    """Load, validate and render every model into `out_dir`."""
-    log = GeneratorLog()
+# Not __name__: run as `python3 -m infer_units.generator.main` (the tests,
+# a developer) this module is __main__, outside the project's logger.
+log = logging.getLogger(f"{PROJECT}.generator.main")
+
+
+def generate(out_dir: str, sink: GeneratorHandler) -> int:
+    """Load, validate and render every model into `out_dir`; what reached no
+    log becomes the report unit (sink.finish)."""
     try:
         loaded = load_all()
     except Exception as e:      # noqa: BLE001 - a bug of ours: one line, not a traceback
@@ -63,12 +75,12 @@ def generate(out_dir: str) -> int:
         log.error(f"{out_dir}: cannot write units there: {e.strerror or e} (no unit generated)")
         return 1
     with out:
-        _write_all(log, loaded, out)
-    log.finish(out_dir)
+        _write_all(loaded, out)
+    sink.finish(out_dir)
     return 0
 
 
-def _write_all(log: GeneratorLog, loaded: Loaded, out: Dir) -> None:
+def _write_all(loaded: Loaded, out: Dir) -> None:
     """Every model's files."""
     for model in loaded.models:
         try:

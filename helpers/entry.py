@@ -8,9 +8,11 @@ traceback in the journal (INFER_UNITS_DEBUG=1 shows it)."""
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 
+from ..generator.log import StdioHandler, setup
 from . import hookenv
 from .commands import HOOKS
 from .jsonout import json_error
@@ -18,6 +20,9 @@ from .jsonout import json_error
 
 def _run(argv: list[str], scrub_hooks: bool) -> int:
     hook = HOOKS.get(argv[0]) if argv else None
+    # A hook's stderr is the journal (its lines carry their priority); an
+    # operator's command is read by a person or a script (generator/log.py).
+    setup(StdioHandler(run_by_systemd=hook is not None))
     if hook is None:
         from .cli.root import main as cli_main
         cli_main(args=argv)
@@ -44,6 +49,6 @@ def main(scrub_hooks: bool = True) -> None:
         if os.environ.get("INFER_UNITS_DEBUG"):
             raise
         reason = " ".join(str(e).split())[:300] or type(e).__name__
-        print(f"infer-units: error: {type(e).__name__}: {reason}", file=sys.stderr, flush=True)
+        logging.getLogger(__name__).error(f"error: {type(e).__name__}: {reason}")
         json_error(f"{type(e).__name__}: {reason}", 1)
         sys.exit(1)

@@ -16,10 +16,13 @@ last start someone asked for; a healthy server's liveness probe resets it
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable
 
-NOTICE = 5
+from ...generator.log import NOTICE
+
+log = logging.getLogger(__name__)
 
 
 def restart_delay(n: int, first: float, steps: int, ceiling: float) -> float:
@@ -34,7 +37,7 @@ def restart_delay(n: int, first: float, steps: int, ceiling: float) -> float:
 
 
 def wait_out(unit: str, first: float, steps: int, ceiling: float,
-             say: Callable[[str, int], None], restarts: Callable[[str], int],
+             restarts: Callable[[str], int],
              sleep: Callable[[float], None] = time.sleep) -> float:
     """On an automatic restart, wait what the back-off asks beyond the
     RestartSec= systemd already waited; returns the seconds waited here.
@@ -42,18 +45,17 @@ def wait_out(unit: str, first: float, steps: int, ceiling: float,
     try:
         n = restarts(unit)
     except Exception as e:  # noqa: BLE001 - the wait must never fail a start
-        say(f"crash-loop back-off: cannot ask systemd for {unit}'s restarts ({e}); "
-            "not waiting", NOTICE)
+        log.log(NOTICE, f"crash-loop back-off: cannot ask systemd for {unit}'s restarts ({e}); "
+                "not waiting")
         return 0.0
     if n <= 0:
         return 0.0          # a start someone asked for
     delay = restart_delay(n, first, steps, ceiling)
     extra = max(0.0, delay - first)
     after = restart_delay(n + 1, first, steps, ceiling)
-    say(f"automatic restart {n} of {unit} (crash loop): waiting {delay:.1f}s in all "
-        f"({extra:.1f}s here after systemd's RestartSec= {first:g}s); the next waits "
-        f"{after:.1f}s, up to {ceiling:g}s; a healthy server starts the count over",
-        NOTICE)
+    log.log(NOTICE, f"automatic restart {n} of {unit} (crash loop): waiting {delay:.1f}s in all "
+            f"({extra:.1f}s here after systemd's RestartSec= {first:g}s); the next waits "
+            f"{after:.1f}s, up to {ceiling:g}s; a healthy server starts the count over")
     if extra > 0:
         sleep(extra)
     return extra

@@ -12,17 +12,18 @@ stopped or signalled, and reports it in the same shape (`--json`)."""
 
 from __future__ import annotations
 
-import sys
+import logging
 import time
 from typing import Any
 
-from ...generator.errors import one_line
 from .. import exitcodes
 from ..decide import fence
 from ..decide.attribution import SERVICE, _service_parent, attribute
 from ..decide.identity import is_infer_units_service, service_of
 from ..facts.gpus import Backend, FdScan, Gpu, GpuError, GpuUse, backend, fd_holders
 from .reaper import ReapPolicy, Reaper
+
+log = logging.getLogger(__name__)
 
 REFCNT = "/sys/module/nvidia/refcnt"
 PROC_MODULES = "/proc/modules"
@@ -94,9 +95,6 @@ def describe_module(users: int | None, source: str) -> str:
         return f"nvidia module refcount unknown: {source}"
     return f"nvidia module refcount {users} (from {source})"
 
-
-def _log(message: str) -> None:
-    print(f"infer-units: {one_line(message)}", file=sys.stderr, flush=True)
 
 
 def _service_of(holder: Any) -> str | None:
@@ -180,7 +178,7 @@ def drain(timeout: float, term_grace: float, ignore: tuple[str, ...],
         try:
             since = fence.write([])["since"]    # before listing: see the module's docstring
         except OSError as e:
-            _log(f"cannot fence starts at {fence.path()}: {e.strerror or e}; nothing stopped")
+            log.info(f"cannot fence starts at {fence.path()}: {e.strerror or e}; nothing stopped")
             return done(exitcodes.CONFIG_ERROR)
     try:
         already = fence.merged([])      # what an earlier drain stopped (a second drain)
@@ -191,23 +189,23 @@ def drain(timeout: float, term_grace: float, ignore: tuple[str, ...],
         else:
             report["fence"]["stopped"] = fence.write(again)["stopped"]
         for line in plan_lines(down, services, again, already, dry_run):
-            _log(line)
+            log.info(line)
         if services:
             if not dry_run:
                 report["not_stopped"] = left = stop_units(services, timeout)
                 if left:
-                    _log("did not stop in time: " + ", ".join(left))
+                    log.info("did not stop in time: " + ", ".join(left))
     except SystemdUnavailable as e:
         report["systemd"] = str(e)
         report["fence"]["stopped"] = fence.merged([])
-        _log(f"systemd unavailable ({e}); reaping device holders only")
-    _log(("would fence" if dry_run else "fenced") + f" starts: {fence.path()} "
-         "(`infer-units resume` lifts it)")
+        log.info(f"systemd unavailable ({e}); reaping device holders only")
+    log.info(("would fence" if dry_run else "fenced") + f" starts: {fence.path()} "
+             "(`infer-units resume` lifts it)")
     try:
         view = DeviceHolders(backend())
         gpus = view.gpus()
     except GpuError as e:
-        _log(str(e))
+        log.info(str(e))
         return done(exitcodes.CONFIG_ERROR)
     if dry_run and report["stop"]:
         # Their processes end with the stop, not by our signals.
@@ -215,7 +213,7 @@ def drain(timeout: float, term_grace: float, ignore: tuple[str, ...],
         report["end_with_units"] = sorted(h.info.pid for h in seen.of_kind(SERVICE)
                                           if _service_of(h) in report["stop"])
         for pid in report["end_with_units"]:
-            _log(f"pid {pid} would end with its unit's stop")
+            log.info(f"pid {pid} would end with its unit's stop")
     # A leftover of an infer-units service (its stop timed out, say) is never
     # touched, but it must not stop the rest from being reaped: spare it,
     # reap everything else, then exit 2 naming it (exit 2 = blocked).
@@ -231,15 +229,15 @@ def drain(timeout: float, term_grace: float, ignore: tuple[str, ...],
     users, source = module_users()
     report["module"] = {"users": users, "source": source}
     report["device_holders_left"] = len(remaining)
-    _log(f"{describe_module(users, source)}; {len(remaining)} process(es) hold /dev/nvidia*"
-         + (f" ({len(spared)} on the ignore list)" if spared else ""))
+    log.info(f"{describe_module(users, source)}; {len(remaining)} process(es) hold /dev/nvidia*"
+             + (f" ({len(spared)} on the ignore list)" if spared else ""))
     code = exitcodes.CLEAN if dry_run else result.exit_code
     if dry_run:
-        _log("dry run: nothing touched")
+        log.info("dry run: nothing touched")
     elif code == exitcodes.CLEAN:
-        _log("drained")
+        log.info("drained")
     else:
-        _log(f"not drained: {result.message}")
+        log.info(f"not drained: {result.message}")
     return done(code)
 
 
@@ -271,12 +269,12 @@ class _Progress:
             done = sum(1 for k in self.said.values() if k == "active")
             progress = f"({done} of {len(self.units)} active)"
             if key == "active":
-                _log(f"{unit} active {progress}")
+                log.info(f"{unit} active {progress}")
             elif key == "failed":
-                _log(f"{unit} failed {progress}: `infer-units status {name}` says why")
+                log.info(f"{unit} failed {progress}: `infer-units status {name}` says why")
             else:
-                _log(f"{unit} is crash-looping ({state.restarts} automatic restart(s)) "
-                     f"{progress}: `infer-units status {name}`; waiting for it")
+                log.info(f"{unit} is crash-looping ({state.restarts} automatic restart(s)) "
+                         f"{progress}: `infer-units status {name}`; waiting for it")
         now = time.monotonic()
         if now - self.last_line >= self.PERIOD:
             self.last_line = now
@@ -284,8 +282,8 @@ class _Progress:
                        if not s.startswith(("active/", "failed/"))]
             if waiting:
                 bound = f" of {self.wait:.0f}s" if self.wait else ""
-                _log(f"still waiting after {now - self.started:.0f}s{bound} for "
-                     + ", ".join(waiting))
+                log.info(f"still waiting after {now - self.started:.0f}s{bound} for "
+                         + ", ".join(waiting))
 
 
 def resume(wait: float | None) -> tuple[int, dict[str, Any]]:
@@ -298,11 +296,11 @@ def resume(wait: float | None) -> tuple[int, dict[str, Any]]:
         record = fence.read()
     except fence.FenceError as e:
         fence.lift()
-        _log(f"{e}; lifted it, but cannot tell what drain stopped: start the models yourself")
+        log.info(f"{e}; lifted it, but cannot tell what drain stopped: start the models yourself")
         report["exit"] = exitcodes.CONFIG_ERROR
         return exitcodes.CONFIG_ERROR, report
     if record is None:
-        _log(f"no fence at {fence.path()}: not drained, nothing to start")
+        log.info(f"no fence at {fence.path()}: not drained, nothing to start")
         report["exit"] = exitcodes.CLEAN
         return exitcodes.CLEAN, report
     report["was_fenced"] = True
@@ -312,26 +310,26 @@ def resume(wait: float | None) -> tuple[int, dict[str, Any]]:
         try:
             list_unit_states(units)     # systemd must be there to start them: else keep the fence
         except SystemdUnavailable as e:
-            _log(f"cannot start {', '.join(units)}: {e}; the fence stays ({fence.path()})")
+            log.info(f"cannot start {', '.join(units)}: {e}; the fence stays ({fence.path()})")
             report["exit"] = exitcodes.CONFIG_ERROR
             return exitcodes.CONFIG_ERROR, report
     fence.lift()
-    _log(f"lifted the fence {fence.path()}" + (f"; starting {', '.join(units)}" if units
-                                              else "; drain stopped nothing"))
+    log.info(f"lifted the fence {fence.path()}" + (f"; starting {', '.join(units)}" if units
+                                                  else "; drain stopped nothing"))
     if not units:
         report["exit"] = exitcodes.CLEAN
         return exitcodes.CLEAN, report
     try:
         states = start_units(units, wait, _Progress(units, wait))
     except SystemdUnavailable as e:
-        _log(f"cannot start {', '.join(units)}: {e}")
+        log.info(f"cannot start {', '.join(units)}: {e}")
         report["exit"] = exitcodes.CONFIG_ERROR
         return exitcodes.CONFIG_ERROR, report
     report["states"] = states
     bad = {u: s for u, s in states.items()
            if s != "active" and (wait is not None or s.startswith("not started"))}
     for unit, state in bad.items():
-        _log(f"{unit}: {state} (journalctl -u {unit})")
+        log.info(f"{unit}: {state} (journalctl -u {unit})")
     code = exitcodes.TIMED_OUT if bad else exitcodes.CLEAN
     report["exit"] = code
     return code, report

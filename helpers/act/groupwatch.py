@@ -38,6 +38,7 @@ model without end by what its rank's watch sees.
 
 from __future__ import annotations
 
+import logging
 import os
 import pwd
 import socket
@@ -46,8 +47,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from ...generator.liveness import state_dir
+from ...generator.log import NAMES_UNIT
 from ...generator.nodes import Nodes
 from .liveness import load_state, restart_or_cap, state_lock, state_path
+
+log = logging.getLogger(__name__)
 
 POLL_S = 1.0
 ESTABLISHED = "01"
@@ -203,12 +207,13 @@ def run(model: Watched, poll_s: float = POLL_S, systemd: Any = None,
     if nodes.is_head:
         seen, unseen = other_ranks(nodes)
         for rank, host in unseen:
-            print(f"<4>{unit}: rank {rank}: {not_watched(host)} (its leaving cannot be seen "
-                  "and is not counted missing; liveness still probes the group)", flush=True)
+            log.warning(f"{unit}: rank {rank}: {not_watched(host)} (its leaving cannot be seen "
+                        "and is not counted missing; liveness still probes the group)",
+                        extra=NAMES_UNIT)
     ranks: set[str] = set().union(*seen.values())
     what = (f"rank 0: the ranks connected to port {nodes.addr_port}" if nodes.is_head
             else f"rank {nodes.rank}: its connection to the head's rendezvous {nodes.addr}")
-    print(f"<6>{unit}: watching {what}", flush=True)
+    log.info(f"{unit}: watching {what}", extra=NAMES_UNIT)
     # A rank's connection is a socket of the model's user at both ends: the
     # worker's to the head is its server's, the head's accepted ones are its
     # server's.  Another account can hold a connection of its own between

@@ -19,8 +19,8 @@ from __future__ import annotations
 import copy
 import fcntl
 import json
+import logging
 import os
-import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -30,13 +30,11 @@ from typing import Any
 from ...generator.atomicfile import ensure_dir, read_text, write_file
 from ...generator.durations import format_seconds
 from ...generator.liveness import cap_marker, state_dir
-from ...generator.log import JOURNAL_SOCKET, journal_send, say
+from ...generator.log import JOURNAL_SOCKET, NAMES_UNIT, NOTICE, journal_send, priority
 from ..facts.probe import Answer, http_probe  # re-exported: the one probe
 from ..facts.systemd import ModelState
 
-
-# syslog priorities
-ERR, WARNING, NOTICE, INFO = 3, 4, 5, 6
+log = logging.getLogger(__name__)
 
 
 def _name(unit: str) -> str:
@@ -174,7 +172,7 @@ def restart_or_cap(unit: str, directory: str, state: dict[str, Any], now: float,
         record_restart(state, now, why)
         save_state(path, state, durable=True)
         journal_line(f"liveness: restarting {unit}: {why} (liveness restart {count + 1} of "
-                     f"{max_restarts} within {_span(restart_window)})", WARNING, unit)
+                     f"{max_restarts} within {_span(restart_window)})", logging.WARNING, unit)
         failed = systemd.try_restart(unit)
         action, doing = RESTART, "restart it"
     else:
@@ -185,7 +183,7 @@ def restart_or_cap(unit: str, directory: str, state: dict[str, Any], now: float,
         journal_line(f"liveness: stopping {unit} and leaving it failed: {why}; {count} "
                      f"liveness restarts within {_span(restart_window)} is the cap "
                      f"(max-restarts = {max_restarts}); start it by hand once fixed "
-                     f"(systemctl start {unit})", ERR, unit)
+                     f"(systemctl start {unit})", logging.ERROR, unit)
         failed = systemd.stop(unit)
         action, doing = CAP, "stop it at the restart cap"
     if failed is None:
@@ -195,7 +193,8 @@ def restart_or_cap(unit: str, directory: str, state: dict[str, Any], now: float,
     state.clear()
     state.update(before)
     save_state(path, state, durable=True)
-    journal_line(f"liveness: could not {doing} ({unit}): {failed}; not counted", ERR, unit)
+    journal_line(f"liveness: could not {doing} ({unit}): {failed}; not counted", logging.ERROR,
+                 unit)
     return None
 
 
@@ -209,21 +208,17 @@ def why_line(state: dict[str, Any], cfg: Config) -> str:
 
 # ------------------------------------------------------------------ logging
 
-def _say(priority: int, message: str) -> None:
-    """stdout of the probe service: the journal reads the <N> priority prefix."""
-    say(priority, message, ident="", stream=sys.stdout)
-
-
-def journal_line(message: str, priority: int, unit: str,
+def journal_line(message: str, level: int, unit: str,
                  path: str | None = None) -> bool:
     """One journal entry that `journalctl -u <model>` shows (OBJECT_SYSTEMD_UNIT=,
-    trusted from root) as well as `-u <name>-liveness`; stdout if no journal."""
+    trusted from root) as well as `-u <name>-liveness`; logged (stdout) if no
+    journal."""
     path = path or os.environ.get("INFER_UNITS_JOURNAL_SOCKET") or JOURNAL_SOCKET
-    if journal_send({"MESSAGE": message, "PRIORITY": str(priority),
+    if journal_send({"MESSAGE": message, "PRIORITY": str(priority(level)),
                      "SYSLOG_IDENTIFIER": "infer-units-liveness", "OBJECT_SYSTEMD_UNIT": unit,
                      "INFER_UNITS_UNIT": unit}, path):
         return True
-    _say(priority, message)
+    log.log(level, message, extra=NAMES_UNIT)
     return False
 
 
@@ -251,8 +246,8 @@ def run_probe(cfg: Config, systemd: Any, directory: str | None = None,
         if action == OK and os.path.lexists(marker):
             os.unlink(marker)       # left by a cap whose stop did not run its ExecStopPost
         if action == OK and before[0]:
-            _say(NOTICE, f"{cfg.unit}: health probe passed again after {before[0]} failed "
-                 f"({answer.text} in {answer.seconds:.1f}s)")
+            log.log(NOTICE, f"{cfg.unit}: health probe passed again after {before[0]} failed "
+                    f"({answer.text} in {answer.seconds:.1f}s)", extra=NAMES_UNIT)
         if action == OK:
             forgot = systemd.forget_restarts(cfg.unit)
             if forgot:
@@ -260,10 +255,11 @@ def run_probe(cfg: Config, systemd: Any, directory: str | None = None,
                              f"restart{'s' if forgot != 1 else ''}: the crash-loop back-off "
                              "starts over", NOTICE, cfg.unit)
         if action == COUNT:
-            _say(NOTICE, f"{cfg.unit}: health probe {state['consecutive_failures']}/"
-                 f"{cfg.failures} failed: {answer.text}")
+            log.log(NOTICE, f"{cfg.unit}: health probe {state['consecutive_failures']}/"
+                    f"{cfg.failures} failed: {answer.text}", extra=NAMES_UNIT)
         elif action == SKIP and model is not None:
-            _say(INFO, f"{cfg.unit} is {model.describe()}: probe not counted ({answer.text})")
+            log.info(f"{cfg.unit} is {model.describe()}: probe not counted ({answer.text})",
+                     extra=NAMES_UNIT)
         elif action in (RESTART, CAP):
             assert model is not None
             restarted = restart_or_cap(cfg.unit, directory, state, now, why_line(state, cfg),

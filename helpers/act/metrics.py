@@ -12,15 +12,17 @@ not root's or is writable by group or others, as Debian's
 
 from __future__ import annotations
 
+import logging
 import json
 import math
 import os
-import sys
 import time
 from typing import Any
 
 from ...generator.atomicfile import ensure_dir, open_dir, read_text
 from ...generator.paths import run_dir
+
+log = logging.getLogger(__name__)
 
 
 STATE_DIR = os.environ.get("INFER_UNITS_STATE_DIR") or os.path.join(run_dir(), "state")
@@ -72,7 +74,7 @@ def _update(unit: str | None, change: dict[str, Any], add: dict[str, float]) -> 
         write_textfile()
     except (OSError, ValueError) as e:
         # Metrics must never fail a start or a stop; stderr: stdout may be --json.
-        print(f"infer-units: metrics not written: {e}", file=sys.stderr, flush=True)
+        log.info(f"metrics not written: {e}")
 
 
 # up and ready fall at once where a hook sees them fall (a start begins, a
@@ -186,7 +188,7 @@ def record_gpu_health(report: Any) -> None:
         _write_state(GPU_HEALTH_FILE, state)
         write_textfile()
     except (OSError, ValueError) as e:
-        print(f"infer-units: metrics not written: {e}", file=sys.stderr, flush=True)
+        log.info(f"metrics not written: {e}")
 
 
 def load_gpu_health() -> dict[str, Any]:

@@ -3,11 +3,11 @@ set of GPUs, and turn NCCL's P2P off for the unit when it fails."""
 
 from __future__ import annotations
 
+import logging
 import hashlib
 import json
 import os
 import pwd
-import sys
 from dataclasses import dataclass
 
 from ...generator.atomicfile import read_text, write_file
@@ -15,6 +15,8 @@ from ...generator.paths import run_dir
 from ..facts.gpus import Gpu
 from ..facts.untrusted import escaped, run_untrusted
 from .envfile import update_env_file
+
+log = logging.getLogger(__name__)
 
 
 CACHE_DIR = os.environ.get("INFER_UNITS_P2P_CACHE") or os.path.join(run_dir(), "p2p")
@@ -201,5 +203,5 @@ def _apply(verdict: P2PVerdict, env_file: str | None, off_args: str,
         state = "on" if verdict.ok else f"OFF ({off} in {env_file})"
     else:
         state = "on" if verdict.ok else f"broken (would set {off})"
-    print(f"infer-units: P2P {state}: {verdict.reason}"
-          + (" [result cached this boot]" if verdict.cached else ""), file=sys.stderr, flush=True)
+    log.info(f"P2P {state}: {verdict.reason}"
+             + (" [result cached this boot]" if verdict.cached else ""))

@@ -8,15 +8,15 @@ before, and what holds only a port may be any service of the host."""
 
 from __future__ import annotations
 
+import logging
 import time
-from collections.abc import Callable
 
 from .. import exitcodes
 from ..decide.identity import in_unit
 from ..facts.ports import port_users, wait_port_free
 from ..facts.procinfo import ProcInfo
 
-ERR, WARNING, INFO = 3, 4, 6        # syslog priorities
+log = logging.getLogger(__name__)
 OUT_OF_SIGHT = ("a process out of sight (another network namespace, or a socket only bound, "
                 "which kernels before 6.11 do not name)")
 REMINDER_S = 10.0       # how often a wait says again that it still waits
@@ -28,8 +28,8 @@ def holders_text(users: list[tuple[ProcInfo, str]] | None) -> str:
     return "; ".join(f"{i.describe()} ({how})" for i, how in users) if users else OUT_OF_SIGHT
 
 
-def wait_ports(first_host: str, ports: list[int], unit: str | None, foreign: str, timeout: float,
-               say: Callable[[str, int], None]) -> int:
+def wait_ports(first_host: str, ports: list[int], unit: str | None, foreign: str,
+               timeout: float) -> int:
     """Every port free within `timeout` (one deadline for all): an exit code
     of helpers/exitcodes.py.  The first of `ports` (the HTTP port) is the
     one the server binds on `host`; the engines bind the ports they derive
@@ -46,18 +46,19 @@ def wait_ports(first_host: str, ports: list[int], unit: str | None, foreign: str
         strangers = users is None or unit is None or \
             any(not in_unit(i.cgroup, unit) for i, _how in users)
         if strangers and foreign == "fail":
-            say(f"port {port} held by {holders_text(users)}: not {unit}'s, and "
-                '[reap] foreign = "fail": start refused', ERR)
+            log.error(f"port {port} held by {holders_text(users)}: not {unit}'s, and "
+                      '[reap] foreign = "fail": start refused')
             return exitcodes.BLOCKED
-        say(f"port {port} held by {holders_text(users)}; waiting up to "
-            f"{max(0.0, deadline - time.monotonic()):g}s", WARNING if strangers else INFO)
+        log.log(logging.WARNING if strangers else logging.INFO,
+                f"port {port} held by {holders_text(users)}; waiting up to "
+                f"{max(0.0, deadline - time.monotonic()):g}s")
         while not wait_port_free(host, port,
                                  min(REMINDER_S, max(0.0, deadline - time.monotonic()))):
             if time.monotonic() >= deadline:
-                say(f"port {port} still in use after {timeout:g}s: "
-                    f"{holders_text(port_users(host, port))}", ERR)
+                log.error(f"port {port} still in use after {timeout:g}s: "
+                          f"{holders_text(port_users(host, port))}")
                 return exitcodes.TIMED_OUT
-            say(f"port {port} still held by {holders_text(port_users(host, port))}; waiting "
-                f"({deadline - time.monotonic():.0f}s left)", WARNING)
-        say(f"port {port} free after {(time.monotonic() - started) * 1000:.0f} ms", INFO)
+            log.warning(f"port {port} still held by {holders_text(port_users(host, port))}; "
+                        f"waiting ({deadline - time.monotonic():.0f}s left)")
+        log.info(f"port {port} free after {(time.monotonic() - started) * 1000:.0f} ms")
     return exitcodes.CLEAN

@@ -3,18 +3,20 @@ and ending a load cleanly when the unit is stopped meanwhile."""
 
 from __future__ import annotations
 
+import logging
 import os
 import select
 import signal
 import socket
 import time
-from collections.abc import Callable
 
 from dataclasses import dataclass
 
 from ...generator.urls import Url, parse_url
 from ..facts.probe import Session, http_probe, local_address
 from .progress import Progress
+
+log = logging.getLogger(__name__)
 
 
 # How wait-ready's ready timeout begins its reason: `status` knows it by this
@@ -104,7 +106,7 @@ def _stranger_on(address: str, port: int, pid: int | None) -> str | None:
     return None
 
 
-def _kill_loading_server(pidfd: int, pid: int, say: Callable[[str], None]) -> None:
+def _kill_loading_server(pidfd: int, pid: int) -> None:
     """The unit is stopped before the server became ready: it has nothing to
     drain, and it may ignore SIGTERM while it loads (vLLM did at 20-25 s into
     its load, then went on to serve), which would hold the stop for the whole
@@ -117,8 +119,8 @@ def _kill_loading_server(pidfd: int, pid: int, say: Callable[[str], None]) -> No
     from ..facts.procinfo import read_proc
     info = read_proc(pid)
     who = info.describe() if info is not None else f"pid {pid}"
-    say(f"stopped while loading: killing the server {who} with SIGKILL (never became "
-        "ready: nothing to drain; a loading server may ignore SIGTERM)")
+    log.info(f"stopped while loading: killing the server {who} with SIGKILL (never became "
+             "ready: nothing to drain; a loading server may ignore SIGTERM)")
     try:
         signal.pidfd_send_signal(pidfd, signal.SIGKILL)
     except ProcessLookupError:
@@ -129,15 +131,13 @@ def _kill_loading_server(pidfd: int, pid: int, say: Callable[[str], None]) -> No
 
 
 def wait_ready(url: str, pid: int | None, timeout: float, interval: float,
-               probe_timeout: float = 10.0,
-               say: Callable[[str], None] | None = None) -> ReadyResult:
+               probe_timeout: float = 10.0) -> ReadyResult:
     """Wait for a 2xx from `url`.  SIGTERM while waiting (the unit stopped or
     restarted while the server loads) kills the loading server (pid) and
     returns stopped=True; once the server answered, SIGTERM is left to the
     server (it drains) and this returns at once."""
     started = time.monotonic()
     deadline = started + timeout
-    tell: Callable[[str], None] = say or (lambda message: None)
     pidfd: int | None = None
     ready = False
 
@@ -211,7 +211,7 @@ def wait_ready(url: str, pid: int | None, timeout: float, interval: float,
         stopped = True
         signal.signal(signal.SIGTERM, signal.SIG_IGN)    # one is enough
         if pidfd is not None and pid:
-            _kill_loading_server(pidfd, pid, tell)
+            _kill_loading_server(pidfd, pid)
         return ReadyResult(False, time.monotonic() - started,
                            "stopped while the server loaded", stopped=True)
     finally:

@@ -9,13 +9,12 @@ process list is the confirmation.
 
 from __future__ import annotations
 
+import logging
 import os
-import sys
 import time
 import signal
 from dataclasses import dataclass, field
 
-from ...generator.errors import one_line
 from .. import exitcodes
 from ..decide.attribution import (ANCESTOR, FOREIGN, IGNORED, OWN, SERVICE, Attribution, Holder,
                           attribute)
@@ -27,6 +26,8 @@ from ..facts.gpus import Backend, Gpu, unseen_message
 from .pidwait import PidSet
 from ..facts.procinfo import ancestors, read_proc, read_stat, wchan
 from .progress import Progress
+
+log = logging.getLogger(__name__)
 
 # How often to re-ask the backend while it still lists a pid whose pidfd said
 # "exited" (NVML lags the exit by a little).
@@ -102,9 +103,6 @@ class ReapPolicy:
     services: str = "block"
 
 
-def _log(message: str) -> None:
-    print(f"infer-units: {one_line(message)}", file=sys.stderr, flush=True)
-
 
 def describe_left(pids: list[int]) -> list[dict[str, object]]:
     out: list[dict[str, object]] = []
@@ -149,13 +147,13 @@ def sweep_own_cgroup(unit: str, timeout: float = 10.0) -> list[int]:
             info = read_proc(pid)
             if info is None or pid in ancestors(me) or not left.add(info):
                 continue
-            _log(f"sending SIGKILL to pid {pid} (user {info.user}, {unit}): {info.cmdline} -- "
-                 f"left in {unit}'s own cgroup by its last stop")
+            log.info(f"sending SIGKILL to pid {pid} (user {info.user}, {unit}): {info.cmdline} -- "
+                     f"left in {unit}'s own cgroup by its last stop")
             if left.signal(pid, signal.SIGKILL):
                 signalled.append(pid)
         still = left.wait(time.monotonic() + timeout)
     if still:
-        _log(f"still in {unit}'s cgroup after SIGKILL: pid {', '.join(map(str, still))}")
+        log.info(f"still in {unit}'s cgroup after SIGKILL: pid {', '.join(map(str, still))}")
     return signalled
 
 
@@ -209,8 +207,8 @@ class Reaper:
         i = holder.info
         self.result.actions.append(Action(i.pid, name, why, i.cmdline, self._now()))
         verb = "would send" if self.policy.dry_run else "sending"
-        _log(f"{verb} {name} to pid {i.pid} (user {i.user}, {i.unit or i.container or 'no unit'}, "
-             f"GPU {','.join(map(str, sorted(holder.use.gpus)))}): {i.cmdline} -- {why}")
+        log.info(f"{verb} {name} to pid {i.pid} (user {i.user}, "
+                 f"{i.unit or i.container or 'no unit'}, GPU {','.join(map(str, sorted(holder.use.gpus)))}): {i.cmdline} -- {why}")
         if not self.policy.dry_run:
             pids.signal(i.pid, signum)
 
@@ -231,11 +229,11 @@ class Reaper:
                    "would start again after a kill")
             if unit not in self._stopped_units:
                 verb = "would stop" if self.policy.dry_run else "stopping"
-                _log(f"{verb} {unit} through systemd for pid {i.pid} (user {i.user}, GPU "
-                     f"{','.join(map(str, sorted(h.use.gpus)))}): {i.cmdline} -- {why}")
+                log.info(f"{verb} {unit} through systemd for pid {i.pid} (user {i.user}, GPU "
+                         f"{','.join(map(str, sorted(h.use.gpus)))}): {i.cmdline} -- {why}")
                 why_not = None if self.policy.dry_run else queue_stop(unit)
                 if why_not is not None:
-                    _log(f"cannot stop {unit} ({why_not}): signalling pid {i.pid} instead")
+                    log.info(f"cannot stop {unit} ({why_not}): signalling pid {i.pid} instead")
                     continue
                 self._stopped_units.add(unit)
                 self.result.actions.append(Action(i.pid, "StopUnit", f"{unit}: {why}",
@@ -249,7 +247,7 @@ class Reaper:
             if h.info.pid not in self._reported:
                 self._reported.add(h.info.pid)
                 self.result.reported.append(h)
-                _log(f"{label}: pid {h.info.pid} {h.why}; not touching it: {h.info.cmdline}")
+                log.info(f"{label}: pid {h.info.pid} {h.why}; not touching it: {h.info.cmdline}")
 
     def run(self) -> ReapResult:
         try:
@@ -271,11 +269,11 @@ class Reaper:
                     # Their fds are closed to us: any of them may hold the GPU.
                     self.result.exit_code = exitcodes.CONFIG_ERROR
                     self.result.message = unseen_message(seen.unseen)
-                    _log(self.result.message)
+                    log.info(self.result.message)
                     return
                 if seen.unseen and not self._warned_unseen:
                     self._warned_unseen = True      # root, yet some fds are closed to us
-                    _log(unseen_message(seen.unseen))
+                    log.info(unseen_message(seen.unseen))
                 hands_off = seen.of_kind(SERVICE) + seen.of_kind(ANCESTOR)
                 if hands_off:
                     if policy.services == "block":
@@ -285,7 +283,7 @@ class Reaper:
                 own, foreign = seen.of_kind(OWN), seen.of_kind(FOREIGN)
                 if policy.foreign == "fail" and (foreign or seen.unaccounted):
                     for line in describe_unaccounted(seen.unaccounted):
-                        _log(f"blocked (foreign = fail): {line}")
+                        log.info(f"blocked (foreign = fail): {line}")
                     self._block(foreign, "blocked (foreign = fail)",
                                 "foreign GPU users and foreign = \"fail\"")
                     return
@@ -312,7 +310,7 @@ class Reaper:
                     for h in to_kill:
                         self._signal(pids, h, signal.SIGTERM, h.why)
                     for h in to_wait:
-                        _log(f"would wait for pid {h.info.pid}: {h.info.cmdline} -- {h.why}")
+                        log.info(f"would wait for pid {h.info.pid}: {h.info.cmdline} -- {h.why}")
                     self.result.message = "dry run"
                     return
                 for h in to_kill + to_wait:
@@ -353,10 +351,10 @@ class Reaper:
             lines = describe_unaccounted(seen.unaccounted)
             if self.policy.foreign == "report":
                 for line in lines:
-                    _log(f"not ours: {line}; not waited on")
+                    log.info(f"not ours: {line}; not waited on")
             elif self.policy.dry_run:
                 for line in lines:
-                    _log(f"would wait: {line}")
+                    log.info(f"would wait: {line}")
                 self.result.message = "dry run"
                 return False
             else:
@@ -388,8 +386,8 @@ class Reaper:
             pid = h.info.pid
             if pid not in pids.fds or pid in listed or pid in self._heirs or pids.exited(pid):
                 continue
-            _log(f"pid {pid} no longer uses GPU {','.join(map(str, sorted(h.use.gpus)))}; "
-                 f"not signalling it: {h.info.cmdline}")
+            log.info(f"pid {pid} no longer uses GPU {','.join(map(str, sorted(h.use.gpus)))}; "
+                     f"not signalling it: {h.info.cmdline}")
             pids.drop(pid)
             dropped.append(pid)
         return dropped
@@ -399,7 +397,7 @@ class Reaper:
         self.result.blocked_by = holders
         self.result.exit_code = exitcodes.BLOCKED
         for h in holders:
-            _log(f"{label}: pid {h.info.pid} {h.why}; not touching it: {h.info.cmdline}")
+            log.info(f"{label}: pid {h.info.pid} {h.why}; not touching it: {h.info.cmdline}")
         self.result.message = message
 
     def _reap_round(self, pids: PidSet, to_kill: list[Holder], tracked: list[Holder],
@@ -471,8 +469,8 @@ class Reaper:
                 break
             time.sleep(CONFIRM_POLL_S)
         if gone:
-            _log(f"exited: pid {', '.join(map(str, sorted(gone)))} "
-                 f"({self._now() * 1000:.0f} ms since start)")
+            log.info(f"exited: pid {', '.join(map(str, sorted(gone)))} "
+                     f"({self._now() * 1000:.0f} ms since start)")
 
     def _time_out(self, pids: PidSet | None, seen: Attribution | None = None) -> None:
         seen = seen or self._attribute()
@@ -493,13 +491,13 @@ class Reaper:
         self.result.exit_code = exitcodes.TIMED_OUT
         for item in self.result.left:
             if "gpu" in item:
-                _log(f"timed out: unaccounted {item['unaccounted_mib']} MiB on GPU "
-                     f"{item['gpu']}: used by no visible process (another PID namespace or "
-                     "container?)")
+                log.info(f"timed out: unaccounted {item['unaccounted_mib']} MiB on GPU "
+                         f"{item['gpu']}: used by no visible process (another PID namespace or "
+                         "container?)")
                 continue
-            _log(f"timed out: pid {item['pid']} still holds the GPU, state {item['state']}, "
-                 f"wchan {item['wchan']} {item['note']}".rstrip()
-                 + f" ({item['unit'] or 'no unit'}): {item['cmdline']}")
+            log.info(f"timed out: pid {item['pid']} still holds the GPU, state {item['state']}, "
+                     f"wchan {item['wchan']} {item['note']}".rstrip()
+                     + f" ({item['unit'] or 'no unit'}): {item['cmdline']}")
         self.result.message = "timed out with holders left"
 
 

@@ -13,11 +13,13 @@ left: the worker waits for that head to restart (its liveness check does it).
 
 from __future__ import annotations
 
+import logging
 import socket
 import time
-from typing import Callable
 
 from ...generator.urls import parse_host_port, parse_url
+
+log = logging.getLogger(__name__)
 
 POLL_S = 1.0           # between looks while the head is away
 REPORT_EVERY_S = 60.0  # one journal line a minute while parked
@@ -52,20 +54,20 @@ def head_state(addr: str, head_url: str | None) -> str:
     return "serving a group formed without this rank" if http == "open" else f"HTTP {http}"
 
 
-def wait_rendezvous(addr: str, head_url: str | None, say: Callable[[str], None],
-                    timeout: float | None = None, poll_s: float = POLL_S) -> bool:
+def wait_rendezvous(addr: str, head_url: str | None, timeout: float | None = None,
+                    poll_s: float = POLL_S) -> bool:
     """True once the head forms a group; False after `timeout` (None: never)."""
     started = time.monotonic()
     next_report = started
     while (state := head_state(addr, head_url)) != "forming":
         now = time.monotonic()
         if timeout is not None and now - started >= timeout:
-            say(f"head at {addr} not forming a group after {timeout:g}s ({state})")
+            log.info(f"head at {addr} not forming a group after {timeout:g}s ({state})")
             return False
         if now >= next_report:
-            say(f"parked until the head forms a group: {addr}: {state} "
-                f"({now - started:.0f}s)")
+            log.info(f"parked until the head forms a group: {addr}: {state} "
+                     f"({now - started:.0f}s)")
             next_report = now + REPORT_EVERY_S
         time.sleep(poll_s)
-    say(f"head at {addr} is forming a group (after {time.monotonic() - started:.1f}s)")
+    log.info(f"head at {addr} is forming a group (after {time.monotonic() - started:.1f}s)")
     return True

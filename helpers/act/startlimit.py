@@ -19,13 +19,16 @@ systemd (no INVOCATION_ID), it does nothing.
 
 from __future__ import annotations
 
+import logging
 import os
-
 from collections.abc import Callable
 
+from ...generator.log import NOTICE
 
-def forgive_asked_start(unit: str, say: Callable[[str, int], None],
-                        environ: dict[str, str] | None = None) -> bool:
+log = logging.getLogger(__name__)
+
+
+def forgive_asked_start(unit: str, environ: dict[str, str] | None = None) -> bool:
     """Reset the start-limit counter when this start is not an automatic
     restart; True when it did.  Never fails the start: a systemd that
     cannot answer leaves systemd's counting as it is, with a journal line."""
@@ -43,12 +46,12 @@ def forgive_asked_start(unit: str, say: Callable[[str, int], None],
         reset_failed(unit)
         return True
     except SystemdUnavailable as e:
-        say(f"cannot reset the start limit of {unit} ({e}): this start counts toward "
-            "StartLimitBurst", 5)
+        log.log(NOTICE, f"cannot reset the start limit of {unit} ({e}): this start counts "
+                "toward StartLimitBurst")
         return False
 
 
-def forgive_asked_start_meanwhile(unit: str, say: Callable[[str, int], None]) -> Callable[[], bool]:
+def forgive_asked_start_meanwhile(unit: str) -> Callable[[], bool]:
     """forgive_asked_start in a thread, beside pre-start's checks: its
     questions are round trips to the manager that is running this very
     start, and the checks need none of their answers.  Returns the function that waits for
@@ -58,5 +61,5 @@ def forgive_asked_start_meanwhile(unit: str, say: Callable[[str, int], None]) ->
     from ..background import Background
     from ..decide import identity  # noqa: F401  (imported here, not in the thread)
     from ..facts import systemd  # noqa: F401
-    asked = Background(lambda: forgive_asked_start(unit, say))
+    asked = Background(lambda: forgive_asked_start(unit))
     return lambda: asked.wait() is True

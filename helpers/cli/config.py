@@ -9,6 +9,7 @@ valid (what the generator would see), then reloads systemd."""
 
 from __future__ import annotations
 
+import logging
 import json
 import os
 import shlex
@@ -25,6 +26,8 @@ from ...generator.paths import RUN_DIR
 from ..jsonout import echo_json
 from ..die import die
 from .options import complete_model_names
+
+log = logging.getLogger(__name__)
 
 if TYPE_CHECKING:      # an annotation only: the generator is imported when a command runs
     from ...generator.loader import Loader
@@ -241,7 +244,7 @@ def _validate(name: str, dirs: list[str], edit_dir: str, content: str) -> tuple[
 
 def _reload() -> None:
     if not os.path.isdir("/run/systemd/system"):
-        click.echo("infer-units: systemd is not running here: no daemon-reload", err=True)
+        log.warning("systemd is not running here: no daemon-reload")
         return
     from ..facts.systemd import daemon_reload
     why_not = daemon_reload()
@@ -293,8 +296,8 @@ def _run_editor(name: str, text: str, reference: str) -> tuple[str, bool]:
     if not marker:
         pass            # the marker line removed: all of it is the drop-in
     elif below.strip("\n").rstrip() != reference.strip("\n").rstrip():
-        click.echo(f"infer-units: what was typed below the line \"{MARKER[:40]}...\" was "
-                   "ignored: only the text above it is the drop-in", err=True)
+        log.warning(f"what was typed below the line \"{MARKER[:40]}...\" was "
+                    "ignored: only the text above it is the drop-in")
     return "".join(line for line in content.splitlines(keepends=True)
                    if not line.startswith(_NOTE)), back == given
 
@@ -353,18 +356,18 @@ def edit_command(name: str, no_reload: bool, start_from: str | None) -> None:
             hint = (f" ({shlex.join(_editor())} returned without changing the file; a graphical editor "
                     "must be told to wait: EDITOR=\"code --wait\", \"gedit -w\", \"subl -w\")"
                     if untouched else "")
-            click.echo(f"infer-units: {target} unchanged{hint}", err=True)
+            log.info(f"{target} unchanged{hint}")
             return
         if _only_comments(content):
             os.unlink(target)
-            click.echo(f"infer-units: removed {target}", err=True)
+            log.info(f"removed {target}")
             break
         errors, warnings = _validate(name, dirs, edit_dir, content)
         for warning in warnings:
             click.echo(f"warning: {warning}", err=True)
         if not errors:
             _write_override(target, content)
-            click.echo(f"infer-units: wrote {target}", err=True)
+            log.info(f"wrote {target}")
             if start_from is not None:
                 os.unlink(start_from)       # the refused edit is in place now
             break
@@ -379,9 +382,9 @@ def edit_command(name: str, no_reload: bool, start_from: str | None) -> None:
             f"{kept} until reboot (/run is not on disk): infer-units edit {name} --from {kept}")
     if not no_reload:
         _reload()
-    click.echo(f"infer-units: restart {name} to apply: "
-               + ("systemctl daemon-reload && " if no_reload else "")
-               + f"systemctl restart {name}", err=True)
+    log.info(f"restart {name} to apply: "
+             + ("systemctl daemon-reload && " if no_reload else "")
+             + f"systemctl restart {name}")
 
 
 def _write_override(target: str, content: str) -> None:

@@ -3,6 +3,7 @@ holders, wait-port, p2p-check, status, drain, resume (reap: cli/reap.py)."""
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 
@@ -14,6 +15,8 @@ from ..die import die
 from ..facts.gpus import Backend, Gpu
 from .options import DURATION, HOST, PORT, complete_model_names
 from .table import format_table
+
+log = logging.getLogger(__name__)
 
 
 def _gpus(selector: str | None) -> tuple[Backend, list[Gpu]]:
@@ -95,9 +98,7 @@ def holders(selector: str | None, as_json: bool) -> None:
 def wait_port(port: int, host: str, timeout: float) -> None:
     """Wait until the port is free; name who holds it if it is not."""
     from ..act.portwait import wait_ports
-    sys.exit(wait_ports(host, [port], None, "wait", timeout,
-                        lambda message, _priority: click.echo(f"infer-units: {message}",
-                                                              err=True)))
+    sys.exit(wait_ports(host, [port], None, "wait", timeout))
 
 
 # --------------------------------------------------------------------- p2p-check
@@ -163,15 +164,14 @@ def status(names: tuple[str, ...], as_json: bool, write_metrics: bool) -> None:
         click.echo(table(report))
     for name in report["unknown"]:
         close = report["suggestions"].get(name)
-        click.echo(f"infer-units: no model file named {name}.toml on the search path"
-                   + (f" (did you mean {close}?)" if close else ""), err=True)
+        log.error(f"no model file named {name}.toml on the search path"
+                  + (f" (did you mean {close}?)" if close else ""))
     if report["errors"]:
-        click.echo(f"infer-units: {len(report['errors'])} model file error(s) (above): a model "
-                   "whose file does not load has no unit; `infer-units check` shows each",
-                   err=True)
+        log.error(f"{len(report['errors'])} model file error(s) (above): a model whose file "
+                  "does not load has no unit; `infer-units check` shows each")
     for error in sorted({m["systemd"]["error"] for m in report["models"]
                          if not m["systemd"]["available"]}):
-        click.echo(f"infer-units: systemd's view unavailable: {error}", err=True)
+        log.error(f"systemd's view unavailable: {error}")
     sys.exit(exit_code(report))
 
 

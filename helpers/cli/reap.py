@@ -5,6 +5,7 @@ command like every operator command; the unit's own reap is pre-start's
 
 from __future__ import annotations
 
+import logging
 import sys
 
 import click
@@ -16,6 +17,8 @@ from ..argtypes import unit_name
 from ..die import die
 from ..jsonout import echo_json
 from .options import DURATION, Checked
+
+log = logging.getLogger(__name__)
 
 
 @click.command()
@@ -68,9 +71,9 @@ def reap(selector: str, unit: str | None, foreign: str, term_grace: float, timeo
         echo_json(result.as_json())
     else:
         sent = len(result.actions)
-        click.echo(f"infer-units: reap GPU {','.join(str(g.index) for g in gpus)}: "
-                   f"{result.message} after {result.seconds * 1000:.0f} ms"
-                   + (f", {sent} signal(s) sent" if sent else ""), err=True)
+        log.info(f"reap GPU {','.join(str(g.index) for g in gpus)}: "
+                 f"{result.message} after {result.seconds * 1000:.0f} ms"
+                 + (f", {sent} signal(s) sent" if sent else ""))
     if not dry_run:
         from ..act.metrics import record_reap
         record_reap(unit, result)

@@ -11,6 +11,7 @@ from typing import Any
 from ...generator.build import load_all
 from ...generator.durations import format_seconds
 from ...generator.errors import one_line
+from ...generator.log import IDENT
 from ...generator.model import Model
 from ...generator.render import health_url
 from ..decide.attribution import attribute
@@ -85,7 +86,7 @@ def _port_view(model: Model, unit_active: bool) -> dict[str, Any] | None:
     return {"foreign": foreign, "out_of_sight": False}
 
 
-HOOK_PREFIX = "infer-units: "      # generator/log.py say(): every hook line starts so
+HOOK_PREFIX = f"{IDENT}: "      # generator/log.py's JournalFormatter: every hook line starts so
 
 
 def hooks_last_error(unit: str, invocation: str = "") -> str | None:

@@ -17,14 +17,16 @@ Three backends answer the same two questions:
 
 from __future__ import annotations
 
+import logging
 import os
 import stat
-import sys
 from dataclasses import dataclass, field
 from typing import Any
 
 from ...generator.settings import is_pci, normalize_pci
 from .health import GpuFacts
+
+log = logging.getLogger(__name__)
 
 NVIDIA_PROC = "/proc/driver/nvidia/gpus"
 
@@ -553,7 +555,7 @@ def backend() -> Backend:
                     raise GpuError(f"no NVIDIA driver: neither NVML{why} nor /proc/driver/nvidia")
                 if why:
                     # A driver without NVML: the answers are /proc's, and say so.
-                    print(f"infer-units: NVML unavailable{why}; using /proc", file=sys.stderr)
+                    log.info(f"NVML unavailable{why}; using /proc")
                 _backend = ProcBackend()
     return _backend
 

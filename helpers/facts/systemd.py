@@ -15,6 +15,7 @@ cgroup path that merely ends in its name."""
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 import time
@@ -394,8 +395,9 @@ class Liveness:
                               _s(_unit_get(unit, UNIT, "SubState", "s")),
                               bytes(invocation).hex(), job)
         except SystemdUnavailable as e:
-            from ...generator.log import say
-            say(5, f"cannot ask systemd about {unit}: {e}", ident="")
+            from ...generator.log import NAMES_UNIT, NOTICE
+            logging.getLogger(__name__).log(NOTICE, f"cannot ask systemd about {unit}: {e}",
+                                            extra=NAMES_UNIT)
             return None
 
     def forget_restarts(self, unit: str) -> int:

@@ -15,16 +15,18 @@ character it chose reaches root's journal or a terminal."""
 
 from __future__ import annotations
 
+import logging
 import os
 import pwd
 import select
 import signal
 import subprocess
-import sys
 import time
 from dataclasses import dataclass
 
 from ...generator.errors import one_line
+
+log = logging.getLogger(__name__)
 
 OUTPUT_MAX = 1 << 20
 
@@ -114,8 +116,8 @@ def escaped(value: object) -> object:
 def _kill_session(child: subprocess.Popen[bytes], argv: list[str], timeout: float) -> None:
     """SIGKILL the session we started the command in (its pid is the
     session's and the process group's id), then reap the command."""
-    print(f"infer-units: sending SIGKILL to process group {child.pid} ({one_line(' '.join(argv))}): "
-          f"still running {timeout:g}s after it started", file=sys.stderr, flush=True)
+    log.info(f"sending SIGKILL to process group {child.pid} ({' '.join(argv)}): "
+             f"still running {timeout:g}s after it started")
     try:
         os.killpg(child.pid, signal.SIGKILL)
     except ProcessLookupError:

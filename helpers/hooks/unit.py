@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import errno
 import functools
+import logging
 import os
 import pwd
 import signal
@@ -21,7 +22,7 @@ import time
 from typing import TYPE_CHECKING, Callable
 
 from ...generator import settings
-from ...generator.log import say
+from ...generator.log import NOTICE, PROJECT
 from .. import argtypes, exitcodes
 from ..argtypes import unit_name
 from ..decide.claims import GpuClaims
@@ -33,18 +34,21 @@ if TYPE_CHECKING:
     from ..act.groupwatch import Watched
 
 
-ERR, WARNING, NOTICE, INFO = 3, 4, 5, 6     # syslog priorities: journalctl -p
+log = logging.getLogger(__name__)
 
 
-class _Last:
-    """The last error line a hook said, for its closing line (_explained)."""
-    error = ""
+class _LastError(logging.Handler):
+    """The last error line a hook logged, for its closing line (_explained)."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.ERROR)
+        self.message = ""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.message = record.getMessage()
 
 
-def _say(message: str, priority: int = INFO) -> None:
-    say(priority, message)
-    if priority <= ERR:
-        _Last.error = message
+_last = _LastError()
 
 
 def _explained(main: Callable[[list[str]], int]) -> Callable[[list[str]], int]:
@@ -53,13 +57,17 @@ def _explained(main: Callable[[list[str]], int]) -> Callable[[list[str]], int]:
     3 NOTIMPLEMENTED), which are not ours (helpers/exitcodes.py)."""
     @functools.wraps(main)
     def run(argv: list[str]) -> int:
-        _Last.error = ""
-        code = main(argv)
+        _last.message = ""
+        logging.getLogger(PROJECT).addHandler(_last)
+        try:
+            code = main(argv)
+        finally:
+            logging.getLogger(PROJECT).removeHandler(_last)
         # Only where systemd's name misleads: 1 shows as FAILURE, which it is.
         meaning = exitcodes.explained(code) if code in (exitcodes.BLOCKED,
                                                         exitcodes.TIMED_OUT) else ""
         if meaning:
-            _say(f"{meaning}: {_Last.error}" if _Last.error else meaning, ERR)
+            log.error(f"{meaning}: {_last.message}" if _last.message else meaning)
         return code
     return run
 
@@ -104,18 +112,18 @@ def _refuse_without_restart(unit: str | None,
     # the signal instead, so we always leave with "blocked" (exit 2) ourselves,
     # at once after the cancel.
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    reason = _Last.error        # the closing line names why, not this consequence
+    reason = _last.message        # the closing line names why, not this consequence
     # systemctl says only "Job for X canceled." (our stop job replaced its
     # start job): this line names the reason and where the operator looks.
     name = unit.removesuffix(".service")
     why = reason.removeprefix(f"start of {unit} refused: ") or "see above"
-    _say(f"start of {unit} refused; no automatic restart: {why} "
-         f"(`infer-units status {name}` says why; `systemctl start {unit}` again once "
-         "that is fixed)", ERR)
-    _Last.error = reason
+    log.error(f"start of {unit} refused; no automatic restart: {why} "
+              f"(`infer-units status {name}` says why; `systemctl start {unit}` again once "
+              "that is fixed)")
+    _last.message = reason
     why_not = cancel_own_start(unit)
     if why_not is not None:
-        _say(f"could not cancel the start of {unit} ({why_not}): Restart= may retry it", WARNING)
+        log.warning(f"could not cancel the start of {unit} ({why_not}): Restart= may retry it")
 
 
 @_explained
@@ -179,12 +187,12 @@ def pre_start(argv: list[str]) -> int:
     from ..decide.fence import refusal
     fenced = refusal(unit)
     if fenced:            # `infer-units drain`: nothing starts until `resume`
-        _say(fenced, ERR)
+        log.error(fenced)
         _refuse_without_restart(unit)
         return exitcodes.BLOCKED
     missing = _missing_model(a.model_path, unit, a.user) if a.model_path else None
     if missing:
-        _say(missing, ERR)
+        log.error(missing)
         _refuse_without_restart(unit)
         return exitcodes.CONFIG_ERROR
     if a.restart_steps and a.restart_sec and a.restart_max_delay:
@@ -192,19 +200,19 @@ def pre_start(argv: list[str]) -> int:
         from ..act.backoff import wait_out
         from ..facts.systemd import restarts_since_asked
         wait_out(unit, a.restart_sec, a.restart_steps, a.restart_max_delay,
-                 _say, restarts_since_asked)
+                 restarts_since_asked)
     started = time.monotonic()
     # StartLimitBurst= is for crash loops: a start someone asked for is not
     # counted.  Asked of systemd beside the checks, waited for before leaving.
     from ..act.startlimit import forgive_asked_start_meanwhile
-    forgiven = forgive_asked_start_meanwhile(unit, _say)
+    forgiven = forgive_asked_start_meanwhile(unit)
     try:
         return _pre_start(a, unit, started, forgiven)
     finally:
         try:
             forgiven()
         except Exception as e:  # noqa: BLE001 - best effort: never decides the start's outcome
-            _say(f"start-limit question failed: {type(e).__name__}: {e}", ERR)
+            log.error(f"start-limit question failed: {type(e).__name__}: {e}")
 
 
 def _missing_model(path: str, unit: str, user: str | None) -> str | None:
@@ -221,8 +229,8 @@ def _missing_model(path: str, unit: str, user: str | None) -> str | None:
         try:
             account = pwd.getpwnam(user)
         except KeyError:
-            _say(f"model: {path}: not looked at: the model's user {user} is not an "
-                 "account here", WARNING)
+            log.warning(f"model: {path}: not looked at: the model's user {user} is not an "
+                        "account here")
             return None
     if account is not None and account.pw_uid == 0:
         account = None
@@ -236,8 +244,8 @@ def _missing_model(path: str, unit: str, user: str | None) -> str | None:
         why = os.strerror(code)
     else:
         reason = "the look failed" if code == _UNKNOWN else os.strerror(code)
-        _say(f"model: {path}: cannot tell{as_whom} whether it exists ({reason}); "
-             "the server will", WARNING)
+        log.warning(f"model: {path}: cannot tell{as_whom} whether it exists ({reason}); "
+                    "the server will")
         return None
     name = unit.removesuffix(".service")
     return (f"model: {path} does not exist on this host ({why}{as_whom}; `infer-units cat "
@@ -296,7 +304,7 @@ def _pre_start(a: argparse.Namespace, unit: str, started: float,
         try:
             read_env_file(a.env_file)     # unusable: say so before touching anything
         except EnvFileError as e:
-            _say(str(e), ERR)
+            log.error(str(e))
             return exitcodes.CONFIG_ERROR
     if a.gpus is not None:       # --gpus "" is a usage error, not "nothing to do"
         from ..facts.gpumemory import chosen
@@ -305,7 +313,7 @@ def _pre_start(a: argparse.Namespace, unit: str, started: float,
             b, gpus = chosen(a.gpus)
         except GpuError as e:
             # No driver, or GPUs this host does not have: no retry helps.
-            _say(str(e), ERR)
+            log.error(str(e))
             _refuse_without_restart(unit, settle)
             return exitcodes.CONFIG_ERROR
         if not _healthy_enough(b, gpus, unit, a.accept_health, a.root_dir):
@@ -324,18 +332,18 @@ def _pre_start(a: argparse.Namespace, unit: str, started: float,
             # reaping to this start (wait-free), which may park for hours.
             left = reap_own_leftovers(b, gpus, unit, a.timeout, tuple(a.ignore))
             if left.actions:
-                _say(f"reaped {len({x.pid for x in left.actions})} process(es) of {unit}'s last run "
-                     f"before parking, after {left.seconds * 1000:.0f} ms")
+                log.info(f"reaped {len({x.pid for x in left.actions})} process(es) of {unit}'s "
+                         f"last run before parking, after {left.seconds * 1000:.0f} ms")
             if left.exit_code != exitcodes.CLEAN:
-                _say(f"cannot park: {left.message}", ERR)
+                log.error(f"cannot park: {left.message}")
                 return left.exit_code
             # A claim of this unit's that outlived its run (a crash before
             # wait-free) would read as live while the unit is activating.
             GpuClaims(gpus, unit).release()
-        wait_rendezvous(a.wait_rendezvous, a.head_url, _say)
+        wait_rendezvous(a.wait_rendezvous, a.head_url)
         fenced = refusal(unit)       # a drain began while it waited
         if fenced:
-            _say(fenced, ERR)
+            log.error(fenced)
             _refuse_without_restart(unit, settle)
             return exitcodes.BLOCKED
         started = time.monotonic()       # what follows is the start checks proper
@@ -345,11 +353,11 @@ def _pre_start(a: argparse.Namespace, unit: str, started: float,
         try:
             conflicts = claims.acquire()
         except ClaimError as e:
-            _say(f"cannot claim GPU {','.join(str(g.index) for g in gpus)}: {e}", ERR)
+            log.error(f"cannot claim GPU {','.join(str(g.index) for g in gpus)}: {e}")
             return exitcodes.TIMED_OUT if e.timed_out else exitcodes.CONFIG_ERROR
         if conflicts:
             for line in conflicts:
-                _say(f"blocked: {line}", ERR)
+                log.error(f"blocked: {line}")
             _refuse_without_restart(unit, settle)
             return exitcodes.BLOCKED
     code = _start_checks(a, unit, claims, settle)
@@ -359,7 +367,7 @@ def _pre_start(a: argparse.Namespace, unit: str, started: float,
         return code
     from ..act.metrics import record_checks_passed
     record_checks_passed(unit)
-    _say(f"start checks passed in {(time.monotonic() - started) * 1000:.0f} ms")
+    log.info(f"start checks passed in {(time.monotonic() - started) * 1000:.0f} ms")
     return exitcodes.CLEAN
 
 
@@ -374,14 +382,14 @@ def _healthy_enough(b: Backend, gpus: list[Gpu], unit: str, accept: tuple[str, .
     record_gpu_health(report)
     refusing, logged = gate(report, accept)
     for f in logged:
-        _say(line(f, accepted=f.check in accept), WARNING)
+        log.warning(line(f, accepted=f.check in accept))
     for f in refusing:
-        _say(f"refused: {line(f)}", ERR)
+        log.error(f"refused: {line(f)}")
     if refusing:
         checks = list(dict.fromkeys(f.check for f in refusing))
         quoted = ", ".join(f'"{c}"' for c in checks)
-        _say(f"start of {unit} refused: GPU health ({', '.join(checks)}); `infer-units doctor` "
-             f"shows every check; to start anyway: [health] accept = [{quoted}]", ERR)
+        log.error(f"start of {unit} refused: GPU health ({', '.join(checks)}); `infer-units doctor` "
+                  f"shows every check; to start anyway: [health] accept = [{quoted}]")
     return not refusing
 
 
@@ -398,8 +406,8 @@ def _start_checks(a: argparse.Namespace, unit: str, claims: GpuClaims | None,
                                                           tuple(a.ignore))).run()
         record_reap(unit, result)
         gpu_list = ",".join(str(g.index) for g in gpus)
-        _say(f"reap GPU {gpu_list}: {result.message} after {result.seconds * 1000:.0f} ms",
-             INFO if result.exit_code == exitcodes.CLEAN else ERR)
+        log.log(logging.INFO if result.exit_code == exitcodes.CLEAN else logging.ERROR,
+                f"reap GPU {gpu_list}: {result.message} after {result.seconds * 1000:.0f} ms")
         if result.exit_code == exitcodes.BLOCKED:
             _refuse_without_restart(unit, settle)
         if result.exit_code != exitcodes.CLEAN:
@@ -408,11 +416,11 @@ def _start_checks(a: argparse.Namespace, unit: str, claims: GpuClaims | None,
             try:
                 write_visible_devices(a.env_file, gpus, backend().gpus())
             except EnvFileError as e:
-                _say(str(e), ERR)
+                log.error(str(e))
                 return exitcodes.CONFIG_ERROR
     if a.ports:
         from ..act.portwait import wait_ports
-        code = wait_ports(a.host, a.ports, unit, a.foreign, a.timeout, _say)
+        code = wait_ports(a.host, a.ports, unit, a.foreign, a.timeout)
         if code == exitcodes.BLOCKED:
             _refuse_without_restart(unit, settle)
         if code != exitcodes.CLEAN:
@@ -431,7 +439,7 @@ def _start_checks(a: argparse.Namespace, unit: str, claims: GpuClaims | None,
                                        ok_env=dict(v.partition("=")[::2]
                                                    for v in a.p2p_ok_env)))
         except EnvFileError as e:
-            _say(str(e), ERR)
+            log.error(str(e))
             return exitcodes.CONFIG_ERROR
     return exitcodes.CLEAN
 
@@ -451,13 +459,13 @@ def wait_ready(argv: list[str]) -> int:
                   "a token before it answers)")
     a = p.read(argv)
     from ..act.ready import wait_ready as wait
-    result = wait(a.url, a.pid, a.timeout, a.interval, a.probe_timeout, say=_say)
+    result = wait(a.url, a.pid, a.timeout, a.interval, a.probe_timeout)
     if result.ready:
         return exitcodes.CLEAN
     if result.stopped:
         # A stop or restart while loading is no failure of the start: exit 0
         # (a hook that died by the stop's SIGTERM failed the unit).
-        _say(f"{result.reason} ({result.seconds:.1f}s after ExecStartPost began)")
+        log.info(f"{result.reason} ({result.seconds:.1f}s after ExecStartPost began)")
         return exitcodes.CLEAN
     if result.server_exited:
         from ..facts.procinfo import read_cgroup, unit_of_cgroup
@@ -466,11 +474,11 @@ def wait_ready(argv: list[str]) -> int:
         status = main_exit_status(own_unit or "", os.environ.get("INVOCATION_ID"), a.pid)
         if status and 0 < status < 256:
             # The closing line says whose code this is: not one of ours.
-            _say(f"{result.reason}; exit {status} = the server's own exit status", ERR)
+            log.error(f"{result.reason}; exit {status} = the server's own exit status")
             return status
-        _say(f"{result.reason}; exit 1 (the server's exit status is unknown)", ERR)
+        log.error(f"{result.reason}; exit 1 (the server's exit status is unknown)")
         return exitcodes.CONFIG_ERROR
-    _say(f"exit 3 = timed out: {result.reason}", ERR)
+    log.error(f"exit 3 = timed out: {result.reason}")
     return exitcodes.TIMED_OUT
 
 
@@ -500,7 +508,7 @@ def known_answer(argv: list[str]) -> int:
             if result.verdict == ERROR:
                 why_not = stopping(opts.unit, a.pid)    # stopped while it asked
         if why_not is not None:
-            _say(f"known answer: not checked: {why_not}")
+            log.info(f"known answer: not checked: {why_not}")
             return exitcodes.CLEAN
     except SystemdUnavailable as e:
         result = Result(ERROR, f"no usable answer: systemd: {e}", 0.0)
@@ -510,16 +518,16 @@ def known_answer(argv: list[str]) -> int:
     name = opts.unit.removesuffix(".service")
     line = f"known answer: {result.message} ({result.seconds * 1000:.0f} ms)"
     if result.verdict not in (MISMATCH, ERROR):
-        _say(line, INFO if result.verdict == "match" else NOTICE)
+        log.log(logging.INFO if result.verdict == "match" else NOTICE, line)
         return exitcodes.CLEAN
     if opts.on_mismatch == "warn":
-        _say(f"{line}; [canary] on-mismatch = \"warn\": starting anyway", WARNING)
+        log.warning(f"{line}; [canary] on-mismatch = \"warn\": starting anyway")
         return exitcodes.CLEAN
     if result.verdict == ERROR:
-        _say(f"{line}; the start fails (Restart= tries again)", ERR)
+        log.error(f"{line}; the start fails (Restart= tries again)")
         return exitcodes.CONFIG_ERROR
-    _say(f"{line}; if the new answer is right (a change the key cannot see), `infer-units "
-         f"canary {name} --accept` records it once the model runs", ERR)
+    log.error(f"{line}; if the new answer is right (a change the key cannot see), `infer-units "
+              f"canary {name} --accept` records it once the model runs")
     _refuse_without_restart(opts.unit)
     return exitcodes.BLOCKED
 
@@ -550,8 +558,8 @@ def wait_free(argv: list[str]) -> int:
         # keeps, so waiting here too would only put a second wait (and a
         # second interpreter's imports) on every restart's path.  systemd
         # SIGKILLs what is left of the cgroup as soon as this hook ends.
-        _say(f"{unit} is restarting: its start reaps and waits for GPU {a.gpus}"
-             + (f" ({unit} stopped: {a.result})" if a.result else ""))
+        log.info(f"{unit} is restarting: its start reaps and waits for GPU {a.gpus}"
+                 + (f" ({unit} stopped: {a.result})" if a.result else ""))
         return exitcodes.CLEAN
     from ..act.metrics import record_free
     from ..act.reaper import reap_own_leftovers
@@ -564,16 +572,16 @@ def wait_free(argv: list[str]) -> int:
         if unit:
             GpuClaims(gpus, unit).release()
         others = len(result.reported) + len(result.unaccounted)
-        _say(f"GPU {gpu_list} free after {result.seconds * 1000:.0f} ms{where}"
-             if not others else
-             f"GPU {gpu_list}: {unit or 'the unit'}'s processes gone after "
-             f"{result.seconds * 1000:.0f} ms{where}; {others} other user(s) left, "
-             "not waited on (the next start handles them per [reap] foreign)")
+        log.info(f"GPU {gpu_list} free after {result.seconds * 1000:.0f} ms{where}"
+                 if not others else
+                 f"GPU {gpu_list}: {unit or 'the unit'}'s processes gone after "
+                 f"{result.seconds * 1000:.0f} ms{where}; {others} other user(s) left, "
+                 "not waited on (the next start handles them per [reap] foreign)")
     else:   # the reaper has logged each holder left, with why
-        _say(f"GPU not free{where}: {result.message}", ERR)
+        log.error(f"GPU not free{where}: {result.message}")
     if capped and result.exit_code == exitcodes.CLEAN:
-        _say(f"{unit or 'the unit'} was stopped by liveness at its restart cap: "
-             "left failed", ERR)
+        log.error(f"{unit or 'the unit'} was stopped by liveness at its restart cap: "
+                  "left failed")
         return exitcodes.CONFIG_ERROR
     return result.exit_code
 
@@ -619,13 +627,13 @@ def _liveness_capped(marker: str) -> bool:
         named = read_text(marker, 4096)
     except (OSError, UnsafePath, UnicodeDecodeError) as e:
         named = None
-        _say(f"liveness cap marker {marker} unreadable ({e}): removed", WARNING)
+        log.warning(f"liveness cap marker {marker} unreadable ({e}): removed")
     try:
         os.unlink(marker)
     except FileNotFoundError:
         pass
     except OSError as e:
-        _say(f"liveness cap marker {marker} not removed: {e}", WARNING)
+        log.warning(f"liveness cap marker {marker} not removed: {e}")
     invocation = os.environ.get("INVOCATION_ID", "")
     return bool(invocation) and named is not None and named.strip() == invocation
 
@@ -656,15 +664,15 @@ def liveness_probe(argv: list[str]) -> int:
     unit = unit_name(a.unit)
     if a.url is None:
         # The template unit alone: its model's drop-in is missing.
-        _say(f"{unit}: cannot probe: no --url; the generator gives every setting in a drop-in "
-             "of this unit for a model with liveness on (systemctl daemon-reload)", ERR)
+        log.error(f"{unit}: cannot probe: no --url; the generator gives every setting in a drop-in "
+                  "of this unit for a model with liveness on (systemctl daemon-reload)")
         return exitcodes.CONFIG_ERROR
     cfg = Config(unit, a.url, a.interval, max(1, a.failures), a.timeout,
                  max(0, a.max_restarts), a.restart_window, a.post)
     try:
         run_probe(cfg, Liveness(), a.state_dir)
     except OSError as e:
-        _say(f"{unit}: liveness state not written: {e}", ERR)
+        log.error(f"{unit}: liveness state not written: {e}")
         return exitcodes.CONFIG_ERROR
     return exitcodes.CLEAN
 

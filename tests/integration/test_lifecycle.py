@@ -4,6 +4,7 @@ leftovers (the same paths under real systemd: tests/e2e/test_lifecycle_e2e.py)."
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import socket
@@ -294,51 +295,50 @@ def test_wait_port_says_who_holds_a_bound_port() -> None:
         holder.wait()
 
 
-def test_start_limit_is_left_alone_outside_the_units_own_cgroup() -> None:
+def test_start_limit_is_left_alone_outside_the_units_own_cgroup(
+        caplog: pytest.LogCaptureFixture) -> None:
     """pre-start resets the start-limit counter only as the hook of that unit
     (run by systemd, in its cgroup): by hand or from a test it asks nothing."""
     from infer_units.helpers.act import startlimit
-    said: list[str] = []
+    caplog.set_level(logging.DEBUG, logger="infer_units")
     env = {"INVOCATION_ID": "0123456789abcdef0123456789abcdef"}
-    assert not startlimit.forgive_asked_start("iu-not-this.service",
-                                              lambda m, p: said.append(m), env)
-    assert not startlimit.forgive_asked_start("iu-not-this.service",
-                                              lambda m, p: said.append(m), {})
-    assert said == []
+    assert not startlimit.forgive_asked_start("iu-not-this.service", env)
+    assert not startlimit.forgive_asked_start("iu-not-this.service", {})
+    assert caplog.records == []
 
 
 def test_the_start_limit_question_beside_the_checks_hands_back_its_outcome(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
     """pre-start asks systemd in a thread (act/startlimit.py): its waiter gives
     the answer, and what escaped the thread is raised by the waiter, for the
     hook's one handler, not lost on the thread's stderr."""
     from infer_units.helpers.act import startlimit
-    said: list[str] = []
-    wait = startlimit.forgive_asked_start_meanwhile("iu-not-this.service",
-                                                     lambda m, p: said.append(m))
-    assert wait() is False and said == []
+    caplog.set_level(logging.DEBUG, logger="infer_units")
+    wait = startlimit.forgive_asked_start_meanwhile("iu-not-this.service")
+    assert wait() is False and caplog.records == []
 
-    def broken(unit: str, say: object, environ: object = None) -> bool:
+    def broken(unit: str, environ: object = None) -> bool:
         raise LookupError(f"{unit}: a bug")
     monkeypatch.setattr(startlimit, "forgive_asked_start", broken)
-    wait = startlimit.forgive_asked_start_meanwhile("iu-x.service", lambda m, p: None)
+    wait = startlimit.forgive_asked_start_meanwhile("iu-x.service")
     with pytest.raises(LookupError, match="iu-x.service: a bug"):
         wait()
 
 
 def test_a_failed_start_limit_question_never_decides_the_start(
-        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
     """pre-start waits for its start-limit thread on every way out; what
     escaped the thread is an error line, and the checks' own result stands
     (a refusal stays a refusal, a pass a pass)."""
     from infer_units.helpers.act import startlimit
     from infer_units.helpers.hooks import unit
 
-    def broken(name: str, say: object, environ: object = None) -> bool:
+    def broken(name: str, environ: object = None) -> bool:
         raise LookupError("a bug in the question")
     monkeypatch.setattr(startlimit, "forgive_asked_start", broken)
+    caplog.set_level(logging.DEBUG, logger="infer_units")
     assert unit.pre_start(["--unit", "iu-not-this.service"]) == 0
-    said = capsys.readouterr().err
+    said = caplog.text
     assert "start checks passed" in said
     assert "start-limit question failed: LookupError: a bug in the question" in said
 

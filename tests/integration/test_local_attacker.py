@@ -386,6 +386,7 @@ INFER_UNITS_LIVENESS_DIR = "{{state}}"
 WATCH = r"""
 import json, os, signal, sys
 from infer_units.generator.build import load_all
+from infer_units.generator.log import StdioHandler, setup
 from infer_units.generator.render import group_watch_argv
 from infer_units.helpers.act import groupwatch
 from infer_units.helpers.facts.systemd import ModelState
@@ -408,7 +409,9 @@ class Systemd:
             os.kill(os.getpid(), signal.SIGKILL)
 
 # What the unit runs: the watch's argv and hook settings from the generator
-# (the drop-in's ExecStart= and Environment=).
+# (the drop-in's ExecStart= and Environment=), logging as a hook does
+# (helpers/entry.py).
+setup(StdioHandler(run_by_systemd=True))
 [model] = load_all().models
 os.environ["INFER_UNITS_LIVENESS_DIR"] = model.env["INFER_UNITS_LIVENESS_DIR"]
 watched = watched_of(group_watch_argv(model)[2:])

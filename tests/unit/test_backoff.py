@@ -4,8 +4,11 @@ and nothing waited on a start someone asked for."""
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 
+from infer_units.generator.log import NOTICE
 from infer_units.helpers.act.backoff import restart_delay, wait_out
 
 
@@ -23,28 +26,31 @@ def test_no_backoff_configured_is_restartsec(first: float, steps: int, ceiling: 
     assert restart_delay(4, first, steps, ceiling) == first
 
 
-def test_an_automatic_restart_waits_the_rest_and_says_why() -> None:
-    said: list[tuple[str, int]] = []
+def test_an_automatic_restart_waits_the_rest_and_says_why(
+        caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.DEBUG, logger="infer_units")
     slept: list[float] = []
-    waited = wait_out("m.service", 1.0, 2, 4.0, lambda line, p: said.append((line, p)),
-                      lambda unit: 2, slept.append)
+    waited = wait_out("m.service", 1.0, 2, 4.0, lambda unit: 2, slept.append)
     assert waited == pytest.approx(1.0) and slept == [pytest.approx(1.0)]
-    assert said and said[0][1] == 5
-    assert said[0][0].startswith("automatic restart 2 of m.service (crash loop): waiting 2.0s")
-    assert "the next waits 4.0s, up to 4s" in said[0][0]
+    [said] = caplog.records
+    assert said.levelno == NOTICE
+    assert said.getMessage().startswith("automatic restart 2 of m.service (crash loop): "
+                                        "waiting 2.0s")
+    assert "the next waits 4.0s, up to 4s" in said.getMessage()
 
 
-def test_a_start_someone_asked_for_waits_nothing() -> None:
+def test_a_start_someone_asked_for_waits_nothing(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.DEBUG, logger="infer_units")
     slept: list[float] = []
-    assert wait_out("m.service", 1.0, 2, 4.0, lambda line, p: None, lambda unit: 0,
-                    slept.append) == 0.0
-    assert slept == []
+    assert wait_out("m.service", 1.0, 2, 4.0, lambda unit: 0, slept.append) == 0.0
+    assert slept == [] and caplog.records == []
 
 
-def test_systemd_that_cannot_answer_never_fails_the_start() -> None:
-    said: list[str] = []
+def test_systemd_that_cannot_answer_never_fails_the_start(
+        caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.DEBUG, logger="infer_units")
 
     def broken(unit: str) -> int:
         raise OSError("no bus")
-    assert wait_out("m.service", 1.0, 2, 4.0, lambda line, p: said.append(line), broken) == 0.0
-    assert "not waiting" in said[0]
+    assert wait_out("m.service", 1.0, 2, 4.0, broken) == 0.0
+    assert "not waiting" in caplog.records[0].getMessage()

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import http.server
 import json
+import logging
 import socket
 import subprocess
 import threading
@@ -21,6 +22,7 @@ from typing import Any
 
 import pytest
 
+from infer_units.generator.log import PROJECT, StdioHandler, setup as setup_logging
 from infer_units.helpers.act import liveness as lv
 from infer_units.helpers.act import metrics
 from ..support import base_env, http_server, needs_root, run_cli
@@ -295,7 +297,16 @@ def test_healthy_after_a_crash_loop_starts_the_backoff_over(health: Health, tmp_
     assert journal() == []
 
 
-def test_hang_restart_then_cap(health: Health, tmp_path: Path, journal,
+@pytest.fixture
+def probe_log(capsys: pytest.CaptureFixture[str]) -> Any:
+    """The liveness probe's own log set-up (helpers/entry.py's for a hook),
+    writing to this test's captured stdout and stderr."""
+    handler = setup_logging(StdioHandler(run_by_systemd=True))
+    yield
+    logging.getLogger(PROJECT).removeHandler(handler)
+
+
+def test_hang_restart_then_cap(health: Health, tmp_path: Path, journal, probe_log: None,
                                capsys: pytest.CaptureFixture[str]) -> None:
     health.mode = "hang"
     systemd = RecordingSystemd()

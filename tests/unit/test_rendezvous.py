@@ -3,9 +3,12 @@ sockets on loopback stand for the head's rendezvous and HTTP ports."""
 
 from __future__ import annotations
 
+import logging
 import socket
 import threading
 import time
+
+import pytest
 
 from infer_units.helpers.act.rendezvous import head_state, wait_rendezvous
 
@@ -38,9 +41,9 @@ def test_head_states() -> None:
     http.close()
 
 
-def test_worker_parks_until_the_head_forms_a_group() -> None:
+def test_worker_parks_until_the_head_forms_a_group(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="infer_units")
     port = free_port()
-    said: list[str] = []
     opened: list[float] = []
 
     joined = threading.Event()
@@ -58,20 +61,21 @@ def test_worker_parks_until_the_head_forms_a_group() -> None:
     threading.Thread(target=head_comes_up, daemon=True).start()
     url = f"http://127.0.0.1:{free_port()}/health"
     try:
-        assert wait_rendezvous(f"127.0.0.1:{port}", url, said.append, timeout=60, poll_s=0.05)
+        assert wait_rendezvous(f"127.0.0.1:{port}", url, timeout=60, poll_s=0.05)
     finally:
         joined.set()
+    said = caplog.messages
     assert opened and time.monotonic() >= opened[0]
     assert any("parked until the head forms a group" in line for line in said)
     assert "is forming a group" in said[-1]
 
 
-def test_worker_does_not_join_a_serving_head() -> None:
+def test_worker_does_not_join_a_serving_head(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="infer_units")
     rendezvous, http = listener(), listener()
-    said: list[str] = []
     ok = wait_rendezvous(f"127.0.0.1:{rendezvous.getsockname()[1]}",
-                         f"http://127.0.0.1:{http.getsockname()[1]}/", said.append,
+                         f"http://127.0.0.1:{http.getsockname()[1]}/",
                          timeout=0.3, poll_s=0.05)
-    assert not ok and "serving a group formed without this rank" in said[-1]
+    assert not ok and "serving a group formed without this rank" in caplog.messages[-1]
     rendezvous.close()
     http.close()

@@ -469,7 +469,17 @@ def _watch(enter: list[str], config: Path, looks: int, *how: str) -> subprocess.
     env = base_env(INFER_UNITS_CONFIG_PATH=str(config))
     watch = subprocess.Popen([*enter, PYTHON, "-c", WATCH, str(looks), *how], env=env,
                              text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    assert watch.stdout is not None and watch.stdout.readline().strip() == "watching"
+    assert watch.stdout is not None
+    # Byte by byte from the pipe itself: readline() on the text wrapper could
+    # buffer the lines after this one, which communicate() (reading the
+    # file descriptors) would then never see.
+    line = b""
+    while not line.endswith(b"\n"):
+        chunk = os.read(watch.stdout.fileno(), 1)
+        if not chunk:
+            break
+        line += chunk
+    assert line.decode().strip() == "watching", line
     return watch
 
 

@@ -94,18 +94,18 @@ MARK = "@@infer-units-gpus@@"
 
 # vLLM: CudaPlatform's mapping of a local rank (device_id_to_physical_device_id)
 # and of a visible ordinal (visible_device_id_to_physical_device_id).
-# vllm/platforms/cuda.py loads vLLM's compiled CUDA kernels at import (they
-# need libcuda, the driver: none here); they register kernels and play no
-# part in the mapping, so empty modules stand in for them.  Without NVML (as
-# here, and on machines without it) vLLM picks NonNvmlCudaPlatform, which
-# reads each entry with int().  NvmlCudaPlatform tries int() first too, then
-# NVML's lookup by UUID: its own function runs on the same entries without
-# NVML's context (which only opens NVML, and cannot here), so an entry that
-# needs NVML fails here where that platform would ask the driver.
+# vllm/platforms/cuda.py loads vLLM's compiled CUDA kernels at import
+# (vllm._C_stable_libtorch: it needs libcuda, the driver, none here); they
+# register kernels and play no part in the mapping, so an empty module stands
+# in for them.  Without NVML (as here, and on machines without it) vLLM picks
+# NonNvmlCudaPlatform, which reads each entry with int().  NvmlCudaPlatform
+# tries int() first too, then NVML's lookup by UUID: its own function runs on
+# the same entries without NVML's context (which only opens NVML, and cannot
+# here), so an entry that needs NVML fails here where that platform would ask
+# the driver.
 VLLM_MAP = r"""
 import json, os, sys, types
-for name in ("vllm._C_stable_libtorch", "vllm._qutlass_C"):
-    sys.modules[name] = types.ModuleType(name)
+sys.modules["vllm._C_stable_libtorch"] = types.ModuleType("vllm._C_stable_libtorch")
 import vllm.platforms.cuda as cuda
 out = {"platform": cuda.CudaPlatform.__name__}
 count = int(sys.argv[2])

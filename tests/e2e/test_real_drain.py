@@ -245,15 +245,28 @@ def test_vllm_drain_finishes_the_stream_in_flight_and_refuses_new_requests(real:
 
 
 def test_vllm_without_drain_cuts_the_stream(real: RealBox) -> None:
+    """drain = "0s": the stop's ExecStop= resets the port's open connections
+    before the SIGTERM (ss -K, which prints each one to the journal), so the
+    stream is cut there and then, and vLLM's HTTP server, which waited for
+    an aborted stream's connection to close until TimeoutStopSec, exits at
+    once."""
     c = real.c
     c.write(f"/etc/infer-units/{VD}.toml.d/no-drain.toml", '[stop]\ndrain = "0s"\n')
     try:
         c.sh(f"systemctl daemon-reload && systemctl restart {VD}", timeout=LOAD_TIMEOUT + 60)
-        events, _ = restart_in_flight(real, VD, VD_PORT,
-                                      r"aborting in-flight requests count=[1-9]\d*")
-        journal = c.journal(f"{VD}.service")
+        # ss -K's line for a connection it reset: "0 0 127.0.0.1:8020 127.0.0.1:N"
+        reset = re.compile(rf"^\s*\d+\s+\d+\s+\S+:{VD_PORT}\s+\S+:\d+", re.M)
+        for _ in range(3):
+            cuts = len(reset.findall(c.journal(f"{VD}.service")))
+            events, _ = stream_through_restart(real, VD, VD_PORT)
+            journal = c.journal(f"{VD}.service")
+            # The stream was open at the stop: ss -K named its connection.
+            if len(reset.findall(journal)) > cuts:
+                break
+        else:
+            pytest.skip("the stream had ended before each stop in 3 tries "
+                        f"(vLLM's CPU engine stalled this machine; the last: {timeline()})")
         assert not completed(events), (timeline(), events[-3:], journal[-4000:])
-        # (its EngineCore is SIGKILLed at once: the API server's line is the last word)
         assert "stopping engine client mode=abort timeout=0s" in journal, journal[-3000:]
         # The cut stream's connection does not hold the stop to TimeoutStopSec.
         assert "timed out" not in journal and "Failed with result 'timeout'" not in journal, \

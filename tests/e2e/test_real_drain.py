@@ -225,18 +225,21 @@ def test_vllm_drain_finishes_the_stream_in_flight_and_refuses_new_requests(real:
     c.sh(f"systemctl start {VD}", timeout=LOAD_TIMEOUT + 60)
     assert state(c, VD) == "active"
 
-    def ask() -> tuple[int, float]:
+    def ask() -> tuple[int, float, object]:
         # Once the stop's ExecStop= has closed the port to new connections.
         assert wait_for(lambda: c.sh(f"nft list table inet infer_units_drain_{VD_PORT}",
                                      check=False).returncode == 0, 60), "no port fence"
         status, took = c.sh(ASK % VD_PORT).stdout.split()
-        return int(status), float(took)
+        [model] = json.loads(c.sh(f"infer-units status --json {VD}", check=False).stdout)["models"]
+        return int(status), float(took), model["draining"]
     # (count: the request's sequences, each a request of its own to EngineCore)
     events, asked = restart_in_flight(
         real, VD, VD_PORT, rf"draining in-flight requests count=[1-9]\d* timeout={DRAIN}", ask,
         by_clock=True)
     assert completed(events), (timeline(), events[-3:])
-    status, took = asked            # type: ignore[misc]
+    status, took, draining = asked  # type: ignore[misc]
+    # ... and `status` says what it is doing, with the drain's bound.
+    assert draining and draining["bound_s"] == 300.0, draining
     # Refused at once by the port fence (a reset: 0), never served nor left
     # waiting; without it vLLM 0.32 answers 500 ("cannot schedule new
     # futures after shutdown") and its /health stays 200.

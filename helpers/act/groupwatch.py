@@ -47,7 +47,7 @@ from typing import Any
 
 from ...generator.liveness import state_dir
 from ...generator.nodes import Nodes
-from .liveness import load_state, restart_or_cap, state_lock, state_path
+from .liveness import boottime, load_state, restart_or_cap, state_lock, state_path
 
 POLL_S = 1.0
 ESTABLISHED = "01"
@@ -154,7 +154,7 @@ class Watched:
 
 
 def restart_counted(model: Watched, state: Any, why: str, systemd: Any,
-                    now: float | None = None) -> bool:
+                    now: float | None = None, clock: float | None = None) -> bool:
     """Restart the model through systemd, counted with liveness' restarts
     in its state file (liveness.restart_or_cap: counted and saved before
     systemd is asked, since the restart stops this watch at once, PartOf=);
@@ -167,7 +167,7 @@ def restart_counted(model: Watched, state: Any, why: str, systemd: Any,
         saved = load_state(state_path(unit, directory))
         return restart_or_cap(unit, directory, saved, time.time() if now is None else now, why,
                               model.max_restarts, model.restart_window, state.invocation,
-                              systemd) is not None
+                              systemd, boottime() if clock is None else clock) is not None
 
 
 def other_ranks(nodes: Any) -> tuple[dict[str, set[str]], list[tuple[int, str]]]:

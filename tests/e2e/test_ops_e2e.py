@@ -76,6 +76,56 @@ def test_drain_fences_and_resume_starts_exactly_what_it_stopped(box) -> None:
                "systemctl reset-failed ops-a ops-b ops-c", check=False)
 
 
+def _fence_as_a_clock_jump_leaves_it(box, jump_s: float) -> None:
+    """The fence a drain writes, then the wall clock set by `jump_s` (back:
+    negative): its wall-clock "since" is as far off the new clock, its
+    CLOCK_MONOTONIC one is not (no clock setting moves that clock)."""
+    box.sh("python3 -c 'import json, time; now = time.time(); print(json.dumps({"
+           "\"since\": now - %r, \"since_text\": \"before the jump\", "
+           "\"since_monotonic\": time.monotonic(), \"stopped\": [], \"by_pid\": 1}))' "
+           "> %s" % (jump_s, FENCE))
+
+
+def test_a_clock_set_back_or_forward_leaves_what_resume_starts_as_it_was(box) -> None:
+    """drain records the units that left active after its fence went up
+    (resume starts them) and not those stopped before it.  Their exit times
+    are compared with the fence's moment on the monotonic clock: on the wall
+    clock an hour set back forgot a unit that left after the fence (it
+    stayed down after resume), an hour set forward started one an operator
+    had stopped before it."""
+    names = ("ops-d", "ops-e")
+    for i, name in enumerate(names):
+        add_model(box, name, model_toml(name, [3 + i], 18251 + i))
+    drain = f"INFER_UNITS_FAKE_GPUS={FAKE_TABLE} infer-units drain --json --term-grace 1s --timeout 30s"
+    box.sh("systemctl daemon-reload && systemctl start ops-d ops-e && systemctl stop ops-e")
+    try:
+        # Set back an hour after the fence went up; ops-d then leaves active.
+        _fence_as_a_clock_jump_leaves_it(box, -3600.0)
+        box.sh("systemctl stop ops-d")
+        done = box.sh(drain, check=False)
+        assert done.returncode == 0, done.stderr
+        assert "ops-d.service left active after the fence went up: resume starts it" \
+            in done.stderr, done.stderr
+        assert json.loads(box.sh(f"cat {FENCE}").stdout)["stopped"] == ["ops-d.service"]
+        resumed = box.sh("infer-units resume --json --timeout 60s", check=False)
+        assert resumed.returncode == 0, resumed.stderr
+        assert json.loads(resumed.stdout)["states"] == {"ops-d.service": "active"}
+        # Set forward an hour after the fence went up: ops-e, stopped before
+        # it, is not the drain's to start again.
+        box.sh("systemctl stop ops-d")
+        _fence_as_a_clock_jump_leaves_it(box, 3600.0)
+        done = box.sh(drain, check=False)
+        assert done.returncode == 0, done.stderr
+        assert "ops-e" not in done.stderr, done.stderr
+        assert json.loads(box.sh(f"cat {FENCE}").stdout)["stopped"] == [], done.stderr
+        resumed = box.sh("infer-units resume --json --timeout 60s", check=False)
+        assert resumed.returncode == 0, resumed.stderr
+        assert _state(box, "ops-e.service") == "inactive", "resume started a unit stopped before the fence"
+    finally:
+        box.sh(f"rm -f {FENCE}; systemctl stop ops-d ops-e; "
+               "systemctl reset-failed ops-d ops-e", check=False)
+
+
 def test_the_man_pages_are_installed(box) -> None:
     for page in ("man1/infer-units.1.gz", "man5/infer-units.toml.5.gz",
                  "man8/infer-units-generator.8.gz"):

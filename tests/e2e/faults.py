@@ -143,7 +143,7 @@ def install(box, enabled: bool = False) -> None:
     add_model(box, GROUP_NAME, group_toml())
     box.write("/usr/local/lib/fault-joiner.py", GROUP_JOINER)
     table = json.loads(fake_gpu_table())
-    box.write(f"{FAKE_TABLE}.whole", json.dumps(table))
+    box.write(f"{FAKE_TABLE}.intact", json.dumps(table))
     for gone in (GPU, OTHER_GPU):
         box.write(f"{FAKE_TABLE}.without{gone}", json.dumps(
             {**table, "gpus": [g for g in table["gpus"] if g["index"] != gone]}))
@@ -380,7 +380,7 @@ def _swap_table(name: str) -> str:
 
 
 def _restore_table(box) -> None:
-    box.sh(_swap_table("whole"), check=False)
+    box.sh(_swap_table("intact"), check=False)
 
 
 def _gpu_gone_before_start(box, rng: random.Random) -> bool:
@@ -399,7 +399,7 @@ def _gpu_gone_during_start(box, rng: random.Random) -> bool:
     _start_async(box)
     return _during_job(box, rng.uniform(0.0, 1.0),
                        f"{_swap_table(f'without{GPU}')}; sleep {rng.uniform(0.1, 1.5):.3f}; "
-                       f"{_swap_table('whole')}")
+                       f"{_swap_table('intact')}")
 
 
 def _other_gpu_gone_during_start(box, rng: random.Random) -> bool:

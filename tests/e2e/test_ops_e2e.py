@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from .e2e_support import FAKE_TABLE, add_model, model_toml, show
+from .e2e_support import FAKE_TABLE, add_model, model_toml, show, wait_until
 
 pytestmark = pytest.mark.e2e
 FENCE = "/run/infer-units/drain.fence"
@@ -86,41 +86,47 @@ def _fence_as_a_clock_jump_leaves_it(box, jump_s: float) -> None:
            "> %s" % (jump_s, FENCE))
 
 
+def _crashed(box, name: str) -> None:
+    """Its server killed by a signal the unit does not take for success, and
+    no Restart=: failed, so systemd keeps the unit loaded with its exit
+    stamps (an inactive one it may unload, stamps and all)."""
+    box.sh(f"systemctl kill -s USR1 --kill-whom=main {name}")
+    assert wait_until(lambda: _state(box, f"{name}.service") == "failed", 30)
+
+
 def test_a_clock_set_back_or_forward_leaves_what_resume_starts_as_it_was(box) -> None:
     """drain records the units that left active after its fence went up
-    (resume starts them) and not those stopped before it.  Their exit times
-    are compared with the fence's moment on the monotonic clock: on the wall
-    clock an hour set back forgot a unit that left after the fence (it
-    stayed down after resume), an hour set forward started one an operator
-    had stopped before it."""
+    (resume starts them) and not those that left before it.  Their exit
+    times are compared with the fence's moment on the monotonic clock: on
+    the wall clock an hour set back forgot a unit that left after the fence
+    (it stayed down after resume), an hour set forward started one that had
+    failed before it."""
     names = ("ops-d", "ops-e")
     for i, name in enumerate(names):
-        add_model(box, name, model_toml(name, [3 + i], 18251 + i))
+        add_model(box, name, model_toml(name, [3 + i], 18251 + i) + 'Restart = "no"\n')
     drain = f"INFER_UNITS_FAKE_GPUS={FAKE_TABLE} infer-units drain --json --term-grace 1s --timeout 30s"
-    box.sh("systemctl daemon-reload && systemctl start ops-d ops-e && systemctl stop ops-e")
+    box.sh("systemctl daemon-reload && systemctl start ops-d ops-e")
     try:
-        # Set back an hour after the fence went up; ops-d then leaves active.
-        _fence_as_a_clock_jump_leaves_it(box, -3600.0)
-        box.sh("systemctl stop ops-d")
-        done = box.sh(drain, check=False)
-        assert done.returncode == 0, done.stderr
-        assert "ops-d.service left active after the fence went up: resume starts it" \
-            in done.stderr, done.stderr
-        assert json.loads(box.sh(f"cat {FENCE}").stdout)["stopped"] == ["ops-d.service"]
-        resumed = box.sh("infer-units resume --json --timeout 60s", check=False)
-        assert resumed.returncode == 0, resumed.stderr
-        assert json.loads(resumed.stdout)["states"] == {"ops-d.service": "active"}
-        # Set forward an hour after the fence went up: ops-e, stopped before
-        # it, is not the drain's to start again.
-        box.sh("systemctl stop ops-d")
+        # ops-e fails before the fence; the clock is set forward an hour after it.
+        _crashed(box, "ops-e")
         _fence_as_a_clock_jump_leaves_it(box, 3600.0)
         done = box.sh(drain, check=False)
         assert done.returncode == 0, done.stderr
         assert "ops-e" not in done.stderr, done.stderr
-        assert json.loads(box.sh(f"cat {FENCE}").stdout)["stopped"] == [], done.stderr
         resumed = box.sh("infer-units resume --json --timeout 60s", check=False)
         assert resumed.returncode == 0, resumed.stderr
-        assert _state(box, "ops-e.service") == "inactive", "resume started a unit stopped before the fence"
+        assert _state(box, "ops-e.service") == "failed", "resume started a unit that failed before the fence"
+        assert _state(box, "ops-d.service") == "active"
+        # The clock set back an hour after the fence; ops-d fails after it.
+        _fence_as_a_clock_jump_leaves_it(box, -3600.0)
+        _crashed(box, "ops-d")
+        done = box.sh(drain, check=False)
+        assert done.returncode == 0, done.stderr
+        assert "ops-d.service left active after the fence went up: resume starts it" \
+            in done.stderr, done.stderr
+        resumed = box.sh("infer-units resume --json --timeout 60s", check=False)
+        assert resumed.returncode == 0, resumed.stderr
+        assert json.loads(resumed.stdout)["states"] == {"ops-d.service": "active"}, resumed.stdout
     finally:
         box.sh(f"rm -f {FENCE}; systemctl stop ops-d ops-e; "
                "systemctl reset-failed ops-d ops-e", check=False)

@@ -42,7 +42,7 @@ METRICS = "/var/lib/fault-metrics"
 # Liveness probes this often, each answered this slowly, so that a probe runs
 # through every fault and a kill can land inside one.
 LIVENESS_S = 1.0
-HEALTH_S = 0.3
+HEALTH_S = 0.2
 # A multi-node head (an [nodes] model) whose group watch the group-watch kind
 # kills: its other rank is a joiner in the box (GROUP_JOINER), its other
 # host's name has no address here, so the watch runs and counts no one missing.

@@ -39,10 +39,8 @@ LOAD_S = 0.6
 SETTLE_S = 90.0
 # The model's metrics directory: root's, as the hooks require.
 METRICS = "/var/lib/fault-metrics"
-# Liveness probes this often, each answered this slowly, so that a probe runs
-# through every fault and a kill can land inside one.
+# Liveness probes this often, so that probes run through every fault.
 LIVENESS_S = 1.0
-HEALTH_S = 0.2
 # A multi-node head (an [nodes] model) whose group watch the group-watch kind
 # kills: its other rank is a joiner in the box (GROUP_JOINER), its other
 # host's name has no address here, so the watch runs and counts no one missing.
@@ -137,7 +135,7 @@ def install(box, enabled: bool = False) -> None:
     box.write(FINDER, FINDER_SOURCE, mode=0o755)
     box.sh(f"install -d -m 0755 {METRICS}")
     text = model_toml(NAME, [GPU], PORT, ready_timeout="20s", load=LOAD_S,
-                      env={"INFER_UNITS_METRICS_DIR": METRICS, "FAKE_HEALTH_S": str(HEALTH_S)})
+                      env={"INFER_UNITS_METRICS_DIR": METRICS})
     text += f'\n[liveness]\ninterval = "{LIVENESS_S:g}s"\n'
     add_model(box, NAME, text + ('[install]\nWantedBy = "multi-user.target"\n' if enabled else ""))
     add_model(box, GROUP_NAME, group_toml())
@@ -360,7 +358,7 @@ def _probe_killed(box, rng: random.Random) -> bool:
     """The liveness probe SIGKILLed at a random moment of its run (its
     start, its HTTP probe, its decision and save)."""
     _ensure_active(box)
-    return _killed_at(box, PROBE, rng.uniform(0.0, HEALTH_S + 0.3))
+    return _killed_at(box, PROBE, rng.uniform(0.0, 0.3))
 
 
 def _group_watch_killed(box, rng: random.Random) -> bool:
@@ -432,7 +430,7 @@ def _probed_again(box, outcome: Outcome) -> str:
             return float(json.loads(text)["last_probe"]["time"]) > killed_at
         except (ValueError, KeyError, TypeError):
             return False
-    if not wait_until(probed, LIVENESS_S * 3 + HEALTH_S + 15):
+    if not wait_until(probed, LIVENESS_S * 3 + 15):
         return "no probe ran after the killed one: the model is not supervised"
     return ""
 

@@ -11,10 +11,11 @@ not wall-clock ones: a clock set back would keep a restart in the window
 for longer (an hour back: seven hours of a six-hour window; an RTC a year
 ahead corrected by NTP: a year), and leave a model failed at a cap it never
 reached; set forward, it would forget restarts early.  The other stamps
-(last probe, last restart, cap) are wall clock, for people to read.  A probe that answers 2xx
-asks systemd only whether the unit's automatic restarts are to be forgotten
-(a healthy server starts the crash-loop back-off over); the unit's state is
-asked only when a probe fails.
+(last probe, last restart, cap) are wall clock, for people to read.
+
+A probe that answers 2xx asks systemd only whether the unit's automatic
+restarts are to be forgotten (a healthy server starts the crash-loop
+back-off over); the unit's state is asked only when a probe fails.
 
 Its options are parsed with the other unit hooks' (hooks/unit.py); systemd
 is asked through facts/systemd.py (Liveness).
@@ -69,7 +70,9 @@ def window_restarts(state: dict[str, Any], now: float, clock: float,
     saved back into `state` as such stamps of this boot.  A state without
     this boot's id holds wall-clock stamps (written before the restarts were
     kept on CLOCK_BOOTTIME): each is moved onto this clock by its wall-clock
-    age at `now`, and one from the future is taken as just now."""
+    age at `now`, and one from the future is taken as just now.  (Another
+    boot's stamps, in a state directory that outlived a boot, read that way
+    are decades old: a reboot starts the window over.)"""
     stamps = [float(t) for t in state.get("restarts", [])
               if isinstance(t, (int, float)) and not isinstance(t, bool)]
     me = boot_id()

@@ -39,8 +39,11 @@ LOAD_S = 0.6
 SETTLE_S = 90.0
 # The model's metrics directory: root's, as the hooks require.
 METRICS = "/var/lib/fault-metrics"
-# Liveness probes this often, so that probes run through every fault.
+# Liveness probes this often, so that probes run through every fault, each
+# answered this slowly, so that a kill can land inside one (a probe of an
+# instant answer is over before the finder has seen it).
 LIVENESS_S = 1.0
+HEALTH_S = 0.15
 # A multi-node head (an [nodes] model) whose group watch the group-watch kind
 # kills: its other rank is a joiner in the box (GROUP_JOINER), its other
 # host's name has no address here, so the watch runs and counts no one missing.
@@ -135,7 +138,7 @@ def install(box, enabled: bool = False) -> None:
     box.write(FINDER, FINDER_SOURCE, mode=0o755)
     box.sh(f"install -d -m 0755 {METRICS}")
     text = model_toml(NAME, [GPU], PORT, ready_timeout="20s", load=LOAD_S,
-                      env={"INFER_UNITS_METRICS_DIR": METRICS})
+                      env={"INFER_UNITS_METRICS_DIR": METRICS, "FAKE_HEALTH_S": str(HEALTH_S)})
     text += f'\n[liveness]\ninterval = "{LIVENESS_S:g}s"\n'
     add_model(box, NAME, text + ('[install]\nWantedBy = "multi-user.target"\n' if enabled else ""))
     add_model(box, GROUP_NAME, group_toml())
@@ -358,7 +361,7 @@ def _probe_killed(box, rng: random.Random) -> bool:
     """The liveness probe SIGKILLed at a random moment of its run (its
     start, its HTTP probe, its decision and save)."""
     _ensure_active(box)
-    return _killed_at(box, PROBE, rng.uniform(0.0, 0.3))
+    return _killed_at(box, PROBE, rng.uniform(0.0, HEALTH_S + 0.1))
 
 
 def _group_watch_killed(box, rng: random.Random) -> bool:

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import random
+import subprocess
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -345,11 +346,15 @@ def _gpu_facts_hang(box, rng: random.Random) -> bool:
     table = FAKE_TABLE
     _ensure_inactive(box)
     _start_async(box)
+    # The writer holds the FIFO open for a second after its table: a reader
+    # that opened the FIFO just before the table went back still finds a
+    # writer (the table, or an end of file), never a FIFO left without one,
+    # which no GPU call ever is (that one waits for the start's bound).
     return _during_job(box, rng.uniform(0.0, 0.5),
                        f"cp {table} {table}.whole; rm -f {table}.fifo; mkfifo {table}.fifo; "
                        f"mv {table}.fifo {table}; sleep {rng.uniform(0.1, 6.0):.3f}; "
-                       f"(timeout 2 sh -c 'cat {table}.whole > {table}' >/dev/null 2>&1 &); "
-                       f"sleep 0.2; mv {table}.whole {table}")
+                       f"(timeout 4 sh -c 'exec 3>{table}; cat {table}.whole >&3; sleep 1' "
+                       f">/dev/null 2>&1 &); sleep 0.2; mv {table}.whole {table}")
 
 
 def _metrics_dir_full(box, rng: random.Random) -> bool:
@@ -574,8 +579,11 @@ def run_fault(box, rng: random.Random, index: int | None = None) -> Outcome:
     if fault.restore is not None:
         fault.restore(box)
     # Whatever the fault left, the next start must not be blocked by it.
-    started = box.sh(f"systemctl start {unit}", check=False, timeout=120)
-    outcome.recovered_start = started.returncode == 0
+    try:
+        started = box.sh(f"systemctl start {unit}", check=False, timeout=120)
+        outcome.recovered_start = started.returncode == 0
+    except subprocess.TimeoutExpired:
+        outcome.recovered_start = False     # said in the table, with its seed
     box.sh(f"systemctl stop {unit}", check=False, timeout=120)
     outcome.leaked = _leaks(box, fault.target)
     if bad(outcome):

@@ -3,7 +3,8 @@
 faults at random moments of starts, restarts and stops of a model, each
 followed by the checks of the promise, and a summary table (faults injected,
 landed in their step, recovered by themselves, failed with a reason, stuck,
-silent, leaked, next start blocked: the goal is 0 in the last four).
+silent, leaked, next start blocked, the kind's own promise broken: the goal
+is 0 in the last five).
 
     sudo /usr/bin/python3 bench/fault_soak.py [--faults 1000] [--seed N] [--suite bookworm]
 

@@ -136,9 +136,11 @@ def plan_lines(down: set[str], stop: list[str], again: list[str], already: list[
     return lines
 
 
-def _plan_units(fenced_since: float) -> tuple[list[str], list[str], set[str]]:
+def _plan_units(fenced_since: float, fenced_since_monotonic: float | None = None,
+                ) -> tuple[list[str], list[str], set[str]]:
     """(units to stop, units resume starts, those of either that are down)
-    from one listing of systemd's units."""
+    from one listing of systemd's units.  The fence's moment on
+    CLOCK_MONOTONIC where it has one (the wall clock may have been set since)."""
     from ..facts.systemd import left_active_at_us, list_units_with_jobs
     stop, record, down = [], [], set()
     for u in list_units_with_jobs(["*.service"]):
@@ -146,7 +148,9 @@ def _plan_units(fenced_since: float) -> tuple[list[str], list[str], set[str]]:
             continue
         # Only a unit that is down or being stopped asks systemd one more question.
         asks = u.job_type == "stop" or (u.active_state in DOWN and not u.job_type)
-        left = asks and left_active_at_us(u.name) >= fenced_since * 1e6
+        left = asks and (
+            left_active_at_us(u.name) >= fenced_since * 1e6 if fenced_since_monotonic is None
+            else left_active_at_us(u.name, monotonic=True) >= fenced_since_monotonic * 1e6)
         halt, again = plan(u.active_state, u.job_type, left)
         if halt:
             stop.append(u.name)
@@ -173,16 +177,19 @@ def drain(timeout: float, term_grace: float, ignore: tuple[str, ...],
         return code, report
 
     import time
-    since = time.time()
+    since: float = time.time()
+    since_monotonic: float | None = time.monotonic()
     if not dry_run:
         try:
-            since = fence.write([])["since"]    # before listing: see the module's docstring
+            written = fence.write([])      # before listing: see the module's docstring
+            since, mono = written["since"], written.get("since_monotonic")
+            since_monotonic = float(mono) if isinstance(mono, (int, float)) else None
         except OSError as e:
             log.info(f"cannot fence starts at {fence.path()}: {e.strerror or e}; nothing stopped")
             return done(exitcodes.CONFIG_ERROR)
     try:
         already = fence.merged([])      # what an earlier drain stopped (a second drain)
-        services, again, down = _plan_units(since)
+        services, again, down = _plan_units(since, since_monotonic)
         report["stop"] = services
         if dry_run:
             report["fence"]["stopped"] = fence.merged(again)

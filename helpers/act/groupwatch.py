@@ -49,7 +49,7 @@ from typing import Any
 from ...generator.liveness import state_dir
 from ...generator.log import NAMES_UNIT
 from ...generator.nodes import Nodes
-from .liveness import load_state, restart_or_cap, state_lock, state_path
+from .liveness import boottime, load_state, restart_or_cap, state_lock, state_path
 
 log = logging.getLogger(__name__)
 
@@ -158,7 +158,7 @@ class Watched:
 
 
 def restart_counted(model: Watched, state: Any, why: str, systemd: Any,
-                    now: float | None = None) -> bool:
+                    now: float | None = None, clock: float | None = None) -> bool:
     """Restart the model through systemd, counted with liveness' restarts
     in its state file (liveness.restart_or_cap: counted and saved before
     systemd is asked, since the restart stops this watch at once, PartOf=);
@@ -171,7 +171,7 @@ def restart_counted(model: Watched, state: Any, why: str, systemd: Any,
         saved = load_state(state_path(unit, directory))
         return restart_or_cap(unit, directory, saved, time.time() if now is None else now, why,
                               model.max_restarts, model.restart_window, state.invocation,
-                              systemd) is not None
+                              systemd, boottime() if clock is None else clock) is not None
 
 
 def other_ranks(nodes: Any) -> tuple[dict[str, set[str]], list[tuple[int, str]]]:

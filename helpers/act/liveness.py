@@ -5,10 +5,17 @@ restarts the model through systemd, after `max-restarts` such restarts within
 
 State (consecutive failures, last answers, liveness restarts) lives in
 <dir>/<name>.liveness.json (dir: RUN_DIR, or INFER_UNITS_LIVENESS_DIR),
-written atomically; `infer-units status` reads it.  A probe that answers 2xx
-asks systemd only whether the unit's automatic restarts are to be forgotten
-(a healthy server starts the crash-loop back-off over); the unit's state is
-asked only when a probe fails.
+written atomically; `infer-units status` reads it.  The restarts that count
+toward the cap are CLOCK_BOOTTIME stamps of this boot (with its boot id),
+not wall-clock ones: a clock set back would keep a restart in the window
+for longer (an hour back: seven hours of a six-hour window; an RTC a year
+ahead corrected by NTP: a year), and leave a model failed at a cap it never
+reached; set forward, it would forget restarts early.  The other stamps
+(last probe, last restart, cap) are wall clock, for people to read.
+
+A probe that answers 2xx asks systemd only whether the unit's automatic
+restarts are to be forgotten (a healthy server starts the crash-loop
+back-off over); the unit's state is asked only when a probe fails.
 
 Its options are parsed with the other unit hooks' (hooks/unit.py); systemd
 is asked through facts/systemd.py (Liveness).
@@ -39,6 +46,39 @@ log = logging.getLogger(__name__)
 
 def _name(unit: str) -> str:
     return unit.removesuffix(".service")
+
+
+def boottime() -> float:
+    """The clock the restart window is measured on: it never jumps, and it
+    counts a suspend, as a window of hours should."""
+    return time.clock_gettime(time.CLOCK_BOOTTIME)
+
+
+def boot_id() -> str:
+    try:
+        with open("/proc/sys/kernel/random/boot_id", encoding="ascii") as f:
+            return f.read().strip()
+    except OSError:
+        return ""
+
+
+def window_restarts(state: dict[str, Any], now: float, clock: float,
+                    window: float) -> list[float]:
+    """The liveness restarts within `window` before `clock` (CLOCK_BOOTTIME),
+    saved back into `state` as such stamps of this boot.  A state without
+    this boot's id holds wall-clock stamps (written before the restarts were
+    kept on CLOCK_BOOTTIME): each is moved onto this clock by its wall-clock
+    age at `now`, and one from the future is taken as just now.  (Another
+    boot's stamps, in a state directory that outlived a boot, read that way
+    are decades old: a reboot starts the window over.)"""
+    stamps = [float(t) for t in state.get("restarts", [])
+              if isinstance(t, (int, float)) and not isinstance(t, bool)]
+    me = boot_id()
+    if state.get("boot_id") != me or not me:
+        stamps = [clock - max(0.0, now - t) for t in stamps]
+    recent = [t for t in stamps if 0.0 <= clock - t < window]
+    state["restarts"], state["boot_id"] = recent, me
+    return recent
 
 
 def state_path(unit: str, directory: str | None = None) -> str:
@@ -98,9 +138,11 @@ OK, SKIP, COUNT, RESTART, CAP = "ok", "skip", "count", "restart", "cap"
 
 
 def decide(state: dict[str, Any], now: float, answer: Answer, model: ModelState | None,
-           cfg: Config) -> str:
+           cfg: Config, clock: float | None = None) -> str:
     """Update `state` with one probe and say what to do.  `model` is None when
-    the probe passed (systemd is not asked then) or systemd cannot be asked."""
+    the probe passed (systemd is not asked then) or systemd cannot be asked.
+    `now`: wall clock, for the record; `clock`: CLOCK_BOOTTIME, for the
+    restart window (default: `now`, for a caller with one clock)."""
     state["last_probe"] = {"time": now, "ok": answer.ok, "answer": answer.text,
                            "seconds": round(answer.seconds, 3)}
     if answer.ok:
@@ -125,13 +167,14 @@ def decide(state: dict[str, Any], now: float, answer: Answer, model: ModelState 
     state["answers"] = (list(state.get("answers", [])) + [answer.text])[-cfg.failures:]
     if failures < cfg.failures:
         return COUNT
-    recent = [t for t in state.get("restarts", []) if now - t < cfg.restart_window]
-    state["restarts"] = recent
+    recent = window_restarts(state, now, now if clock is None else clock, cfg.restart_window)
     return RESTART if len(recent) < cfg.max_restarts else CAP
 
 
-def record_restart(state: dict[str, Any], now: float, why: str) -> None:
-    state["restarts"] = list(state.get("restarts", [])) + [now]
+def record_restart(state: dict[str, Any], now: float, why: str,
+                   clock: float | None = None) -> None:
+    state["restarts"] = list(state.get("restarts", [])) + [now if clock is None else clock]
+    state["boot_id"] = boot_id()
     state["restarts_total"] = int(state.get("restarts_total", 0)) + 1
     state["last_restart"] = {"time": now, "why": why}
     state["consecutive_failures"] = 0
@@ -152,7 +195,7 @@ def _span(seconds: float) -> str:
 
 def restart_or_cap(unit: str, directory: str, state: dict[str, Any], now: float, why: str,
                    max_restarts: int, restart_window: float, invocation: str,
-                   systemd: Any) -> str | None:
+                   systemd: Any, clock: float | None = None) -> str | None:
     """The one way a model is restarted for liveness (its probe, the group
     watch): restart it through systemd, or at max-restarts liveness restarts
     within restart-window stop it and leave it failed.  Call with
@@ -164,12 +207,13 @@ def restart_or_cap(unit: str, directory: str, state: dict[str, Any], now: float,
     any hook can be killed), and a restart asked for but not yet counted is
     one the cap never sees."""
     path = state_path(unit, directory)
-    state["restarts"] = [t for t in state.get("restarts", []) if now - t < restart_window]
+    clock = now if clock is None else clock
+    window_restarts(state, now, clock, restart_window)
     before = copy.deepcopy(state)
     count = len(state["restarts"])
     marker = cap_marker(_name(unit), directory)
     if count < max_restarts:
-        record_restart(state, now, why)
+        record_restart(state, now, why, clock)
         save_state(path, state, durable=True)
         journal_line(f"liveness: restarting {unit}: {why} (liveness restart {count + 1} of "
                      f"{max_restarts} within {_span(restart_window)})", logging.WARNING, unit)
@@ -225,7 +269,7 @@ def journal_line(message: str, level: int, unit: str,
 # ------------------------------------------------------------------ one run
 
 def run_probe(cfg: Config, systemd: Any, directory: str | None = None,
-              now: float | None = None) -> str:
+              now: float | None = None, clock: float | None = None) -> str:
     """Probe once, decide, act, save; returns the action taken."""
     directory = directory or state_dir(dict(os.environ))
     path = state_path(cfg.unit, directory)
@@ -233,6 +277,7 @@ def run_probe(cfg: Config, systemd: Any, directory: str | None = None,
     # meanwhile, and the state is read and saved under one lock.
     answer = http_probe(cfg.url, cfg.timeout, cfg.post)
     now = time.time() if now is None else now
+    clock = boottime() if clock is None else clock
     model = None if answer.ok else systemd.model_state(cfg.unit)
     with state_lock(cfg.unit, directory):
         state = load_state(path)
@@ -241,7 +286,7 @@ def run_probe(cfg: Config, systemd: Any, directory: str | None = None,
                      restart_window=cfg.restart_window)
         before = (state.get("consecutive_failures", 0), bool(state.get("capped")))
         restarted = False
-        action = decide(state, now, answer, model, cfg)
+        action = decide(state, now, answer, model, cfg, clock)
         marker = cap_marker(_name(cfg.unit), directory)
         if action == OK and os.path.lexists(marker):
             os.unlink(marker)       # left by a cap whose stop did not run its ExecStopPost
@@ -264,7 +309,7 @@ def run_probe(cfg: Config, systemd: Any, directory: str | None = None,
             assert model is not None
             restarted = restart_or_cap(cfg.unit, directory, state, now, why_line(state, cfg),
                                        cfg.max_restarts, cfg.restart_window, model.invocation,
-                                       systemd) == RESTART
+                                       systemd, clock) == RESTART
         save_state(path, state)
     if before != (state.get("consecutive_failures", 0), bool(state.get("capped"))) or restarted:
         from .metrics import record_liveness
@@ -294,8 +339,8 @@ def view(model: Any) -> dict[str, Any] | None:
         "last_probe_age_s": round(now - last["time"], 1) if last else None,
         "consecutive_failures": int(state.get("consecutive_failures", 0)),
         "last_answers": state.get("answers", []),
-        "restarts_in_window": len([t for t in state.get("restarts", [])
-                                   if now - t < live.restart_window]),
+        "restarts_in_window": len(window_restarts(dict(state), now, boottime(),
+                                                  live.restart_window)),
         "restarts_total": int(state.get("restarts_total", 0)),
         "last_restart": state.get("last_restart"),
         "capped": state.get("capped"),

@@ -85,7 +85,13 @@ def write(stopped: list[str]) -> dict[str, Any]:
     old = _old()
     units = merged(stopped)
     now = time.time()
-    record = {"since": old.get("since", now),
+    # The moment drain compares with systemd's exit stamps: on CLOCK_MONOTONIC
+    # (the fence lives in RUN_DIR, a tmpfs, never across a boot), so that a
+    # clock set back or forward between two drains neither forgets a unit
+    # that left active after the fence nor counts one that left before it.
+    # A fence without it (an older version's) keeps its wall-clock "since".
+    mono = old.get("since_monotonic") if "since" in old else time.monotonic()
+    record = {"since": old.get("since", now), "since_monotonic": mono,
               "since_text": old.get("since_text",
                                     time.strftime("%Y-%m-%d %H:%M:%S %Z", time.localtime(now))),
               "stopped": units, "by_pid": os.getpid()}

@@ -230,9 +230,12 @@ def exec_argvs(name: str, prop: str = "ExecStartPost") -> list[list[str]]:
     return [[_s(row[0])] + [_s(word) for word in row[1][1:]] for row in rows]
 
 
-def left_active_at_us(name: str) -> int:
-    """Realtime µs of the unit's last ActiveExitTimestamp (0: never active)."""
-    return int(_unit_get(name, UNIT, "ActiveExitTimestamp", "t"))
+def left_active_at_us(name: str, monotonic: bool = False) -> int:
+    """µs of the unit's last ActiveExitTimestamp (0: never active): realtime,
+    or CLOCK_MONOTONIC with `monotonic` (time.monotonic()'s clock), which no
+    clock setting moves."""
+    prop = "ActiveExitTimestampMonotonic" if monotonic else "ActiveExitTimestamp"
+    return int(_unit_get(name, UNIT, prop, "t"))
 
 
 def pending_job_type(name: str) -> str:

@@ -15,19 +15,18 @@ import pytest
 from ..support import wait_until
 from .e2e_support import show
 from .faults import FAULTS, FINDER, NAME, PRE_START, SETTLE_S, UNIT, bad, campaign, install, \
-    summary
+    summary, uninstall
 
 pytestmark = pytest.mark.e2e
 
 
 def test_every_fault_ends_serving_or_failed_with_a_reason(box) -> None:
     seed = int(os.environ.get("INFER_UNITS_FAULT_SEED") or random.randrange(1 << 32))
-    count = int(os.environ.get("INFER_UNITS_FAULT_COUNT") or len(FAULTS) + 4)
+    count = int(os.environ.get("INFER_UNITS_FAULT_COUNT") or len(FAULTS))
     try:
         outcomes = campaign(box, seed, count)
     finally:
-        box.sh("systemctl stop fault-m; rm -f /etc/infer-units/fault-m.toml; "
-               "systemctl daemon-reload; systemctl reset-failed fault-m || true", check=False)
+        uninstall(box)
     report = f"seed {seed} (INFER_UNITS_FAULT_SEED={seed} reproduces it):\n" + summary(outcomes)
     print(report)
     wrong = [o for o in outcomes if bad(o)]
@@ -56,5 +55,4 @@ def test_a_power_cut_mid_reap_boots_back_serving(box) -> None:
         [model] = json.loads(done.stdout)["models"]
         assert done.returncode == 0 and model["health"]["ok"], model
     finally:
-        box.sh(f"systemctl stop {UNIT}; rm -f /etc/infer-units/{NAME}.toml; "
-               f"systemctl daemon-reload; systemctl reset-failed {UNIT} || true", check=False)
+        uninstall(box)

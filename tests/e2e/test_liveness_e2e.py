@@ -21,10 +21,10 @@ INTERVAL, FAILURES, TIMEOUT = 1.0, 2, 1.0
 
 def liveness_model(name: str, gpus: list[int], port: int, extra_args: list[str] | None = None,
                    env: dict[str, str] | None = None, load: float = 0.5, failures: int = FAILURES,
-                   timeout: float = TIMEOUT, max_restarts: int = 3) -> str:
+                   timeout: float = TIMEOUT, max_restarts: int = 3, window: str = "1h") -> str:
     return model_toml(name, gpus, port, extra_args, env=env, load=load) + (
         f'\n[liveness]\ninterval = "{INTERVAL:g}s"\nfailures = {failures}\n'
-        f'timeout = "{timeout:g}s"\nmax-restarts = {max_restarts}\nrestart-window = "1h"\n')
+        f'timeout = "{timeout:g}s"\nmax-restarts = {max_restarts}\nrestart-window = "{window}"\n')
 
 
 def gpu_free(text: str) -> str:
@@ -275,3 +275,80 @@ def test_an_edit_before_daemon_reload_is_not_what_liveness_probes(box) -> None:
     assert s["last_probe"]["ok"] and s.get("restarts_total", 0) == 0, s
     assert unit(box, name)["InvocationID"] == first["InvocationID"]
     box.sh(f"systemctl stop {name}; rm -f /etc/infer-units/{name}.toml; systemctl daemon-reload")
+
+
+# The liveness state as the wall clock set by JUMP seconds leaves it, written
+# under the probe's own lock: every wall-clock stamp as far off the new
+# clock; the restarts, when the file says they are this boot's boot-clock
+# stamps (a boot id), as they were (no clock setting moves that clock).
+SHIFT = """import fcntl, json, os, sys
+name, jump = sys.argv[1], float(sys.argv[2])
+lock = os.open(f"/run/infer-units/{name}.liveness.lock", os.O_RDWR)
+fcntl.flock(lock, fcntl.LOCK_EX)
+path = f"/run/infer-units/{name}.liveness.json"
+with open(path) as f:
+    state = json.load(f)
+for key in ("last_probe", "last_restart", "capped"):
+    if isinstance(state.get(key), dict):
+        state[key]["time"] -= jump
+if "last_ok" in state:
+    state["last_ok"] -= jump
+if "boot_id" not in state:
+    state["restarts"] = [t - jump for t in state.get("restarts", [])]
+with open(path + ".new", "w") as f:
+    json.dump(state, f)
+os.rename(path + ".new", path)
+"""
+
+
+def _clock_jumped(box, name: str, jump_s: float) -> None:
+    box.write("/usr/local/lib/lv-shift.py", SHIFT)
+    box.sh(f"python3 /usr/local/lib/lv-shift.py {name} {jump_s!r}")
+
+
+def _restarts_in_window(box, name: str) -> int:
+    out = box.sh("INFER_UNITS_FAKE_GPUS=/etc/infer-units/fakegpus.json "
+                 f"infer-units status --json {name}", check=False).stdout
+    return int(json.loads(out)["models"][0]["liveness"]["restarts_in_window"])
+
+
+def test_a_clock_set_forward_forgets_no_liveness_restart(box) -> None:
+    """One liveness restart of one allowed within the hour, then the clock
+    set an hour forward: the next hang is the cap (stopped, left failed),
+    not a second restart."""
+    name, port = "lv-clock-fwd", 18281
+    add_model(box, name, gpu_free(liveness_model(name, [], port,
+                                                 ["--hang-file", f"/run/{name}.hang"],
+                                                 max_restarts=1)))
+    box.sh("systemctl daemon-reload")
+    try:
+        start(box, name)
+        _hang_and_come_back(box, name, port, "", 0)
+        _clock_jumped(box, name, 3600.0)
+        assert _restarts_in_window(box, name) == 1
+        hang(box, name, "")
+        assert wait_until(lambda: unit(box, name)["ActiveState"] == "failed",
+                          restart_bound(0.5) + 10), box.journal(f"{name}.service")[-3000:]
+        assert state(box, name)["restarts_total"] == 1 and state(box, name)["capped"]
+    finally:
+        box.sh(f"systemctl stop {name}; systemctl reset-failed {name}", check=False)
+
+
+def test_a_clock_set_back_keeps_no_liveness_restart_past_its_window(box) -> None:
+    """One liveness restart of one allowed within 8 s, then the clock set an
+    hour back: once 8 s passed the restart is out of the window (status says
+    so) and the next hang is restarted, not the cap."""
+    name, port = "lv-clock-back", 18282
+    add_model(box, name, gpu_free(liveness_model(name, [], port,
+                                                 ["--hang-file", f"/run/{name}.hang"],
+                                                 max_restarts=1, window="8s")))
+    box.sh("systemctl daemon-reload")
+    try:
+        start(box, name)
+        _hang_and_come_back(box, name, port, "", 0)
+        _clock_jumped(box, name, -3600.0)
+        assert wait_until(lambda: _restarts_in_window(box, name) == 0, 20), state(box, name)
+        _hang_and_come_back(box, name, port, "", 1)
+        assert unit(box, name)["ActiveState"] == "active"
+    finally:
+        box.sh(f"systemctl stop {name}; systemctl reset-failed {name}", check=False)

@@ -206,6 +206,36 @@ def test_restarts_older_than_the_window_do_not_count() -> None:
     assert state["restarts"] == [10.0]
 
 
+def test_a_clock_set_back_keeps_no_restart_past_its_window() -> None:
+    """The window is measured on CLOCK_BOOTTIME: an hour set back on the wall
+    clock does not keep a restart counted for an hour more (then a hang
+    within the real window's end would have capped the model)."""
+    cfg = lv.Config("m.service", "u", 1.0, 1, 1.0, max_restarts=1, restart_window=60.0)
+    state: dict = {}
+    lv.record_restart(state, 10_000.0, "why", clock=500.0)
+    # 61 s later on the boot clock, the wall clock an hour behind.
+    assert lv.decide(state, 10_000.0 - 3600 + 61, FAIL, UP, cfg, clock=561.0) == lv.RESTART
+    assert state["restarts"] == []
+
+
+def test_a_clock_set_forward_forgets_no_restart_within_its_window() -> None:
+    cfg = lv.Config("m.service", "u", 1.0, 1, 1.0, max_restarts=1, restart_window=60.0)
+    state: dict = {}
+    lv.record_restart(state, 10_000.0, "why", clock=500.0)
+    assert lv.decide(state, 10_000.0 + 3600 + 5, FAIL, UP, cfg, clock=505.0) == lv.CAP
+
+
+def test_wall_clock_stamps_from_the_future_count_one_window_from_now() -> None:
+    """A state without this boot's id holds wall-clock restarts (an older
+    version's): one an hour ahead (the clock set back since) counts as just
+    now, so for one window, not for the window and the hour."""
+    cfg = lv.Config("m.service", "u", 1.0, 1, 1.0, max_restarts=1, restart_window=60.0)
+    state: dict = {"restarts": [10_000.0 + 3600, 10_000.0 - 100]}
+    assert lv.decide(state, 10_000.0, FAIL, UP, cfg, clock=500.0) == lv.CAP
+    assert state["restarts"] == [500.0] and state["boot_id"] == lv.boot_id()
+    assert lv.decide(state, 10_000.0 + 61, FAIL, UP, cfg, clock=561.0) == lv.RESTART
+
+
 def test_max_restarts_zero_stops_at_the_first_hang() -> None:
     cfg = lv.Config("m.service", "u", 1.0, 1, 1.0, max_restarts=0, restart_window=60.0)
     assert lv.decide({}, 0, FAIL, UP, cfg) == lv.CAP

@@ -7,6 +7,7 @@ escaped, not refused (test_verify.py runs `systemd-analyze verify` on it)."""
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import time
 from pathlib import Path
@@ -324,8 +325,12 @@ def test_hostile_but_accepted_units_are_escaped(tmp_path: Path) -> None:
         text = path.read_text(encoding="utf-8")
         lines = text.split("\n")
         assert "\r" not in text
-        assert all(l.startswith("ExecStartPre=+/usr/bin/infer-units ") for l in lines
-                   if l.startswith("ExecStartPre="))
+        # (and the drain's port fence removed, its table named by the port alone)
+        assert all(l.startswith("ExecStartPre=+/usr/bin/infer-units ")
+                   or re.fullmatch(r'ExecStartPre=-\+/usr/sbin/nft "add table inet '
+                                   r'infer_units_drain_(\d+); delete table inet '
+                                   r'infer_units_drain_\1"', l)
+                   for l in lines if l.startswith("ExecStartPre="))
         assert all(not l.endswith("\\") for l in lines)
     named = (out / "named.service").read_text(encoding="utf-8")
     header = named.splitlines()[1]

@@ -39,6 +39,7 @@ from ...generator.durations import format_seconds
 from ...generator.liveness import cap_marker, state_dir
 from ...generator.log import JOURNAL_SOCKET, NAMES_UNIT, NOTICE, journal_send, priority
 from ..facts.probe import Answer, http_probe  # re-exported: the one probe
+from ..facts.procinfo import boot_id
 from ..facts.systemd import ModelState
 
 log = logging.getLogger(__name__)
@@ -52,14 +53,6 @@ def boottime() -> float:
     """The clock the restart window is measured on: it never jumps, and it
     counts a suspend, as a window of hours should."""
     return time.clock_gettime(time.CLOCK_BOOTTIME)
-
-
-def boot_id() -> str:
-    try:
-        with open("/proc/sys/kernel/random/boot_id", encoding="ascii") as f:
-            return f.read().strip()
-    except OSError:
-        return ""
 
 
 def window_restarts(state: dict[str, Any], now: float, clock: float,

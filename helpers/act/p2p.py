@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from ...generator.atomicfile import read_text, write_file
 from ...generator.paths import run_dir
 from ..facts.gpus import Gpu
+from ..facts.procinfo import boot_id
 from ..facts.untrusted import escaped, run_untrusted
 from .envfile import update_env_file
 
@@ -32,14 +33,6 @@ class P2PVerdict:
     # The self-test copied between the GPUs (now or earlier this boot); not
     # for one GPU, where there is nothing to test.
     tested: bool = True
-
-
-def _boot_id() -> str:
-    try:
-        with open("/proc/sys/kernel/random/boot_id", encoding="ascii") as f:
-            return f.read().strip()
-    except OSError:
-        return "unknown"
 
 
 def cache_path(gpus: list[Gpu], tester: str) -> str:
@@ -142,7 +135,7 @@ def check_p2p(gpus: list[Gpu], env_file: str | None, python: str,
         _apply(verdict, env_file, off_args, off_env or {}, ok_env or {})
         return verdict
     path = cache_path(gpus, _tester(python, user))
-    boot = _boot_id()
+    boot = boot_id()
     try:
         cached = json.loads(read_text(path) or "{}")
         if cached.get("boot_id") == boot:

@@ -1,5 +1,5 @@
 """What /proc says about one pid: name, command line, owner, state, cgroup and
-the systemd unit or container that cgroup belongs to.
+the systemd unit or container that cgroup belongs to; and which boot this is.
 
 Most of that text was chosen by the process or its owner, not written by
 the kernel: the comm (prctl), the command line, a cgroup's name (any
@@ -293,3 +293,13 @@ def ancestors(pid: int) -> set[int]:
             break
         pid = stat[1]
     return chain
+
+
+def boot_id() -> str:
+    """The kernel's id of this boot ("" where it cannot be read): state kept
+    under /run or on disk is this boot's only when it carries this id."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id", encoding="ascii") as f:
+            return f.read().strip()
+    except OSError:
+        return ""
